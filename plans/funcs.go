@@ -1,0 +1,137 @@
+package plans
+
+import (
+	"os"
+	"path/filepath"
+	"unicode/utf8"
+
+	"github.com/hashicorp/hcl/v2/ext/tryfunc"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/function"
+	"github.com/zclconf/go-cty/cty/function/stdlib"
+)
+
+type funcEntry = function.Function
+
+// functions is the function table of a plan loaded from dir: cty's stdlib under the names
+// Terraform users know, plus file(), fileexists(), basename() and dirname(), whose relative
+// paths resolve against the plan's directory.
+func functions(dir string) map[string]funcEntry {
+	resolve := func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(dir, p)
+	}
+	fileFunc := function.New(&function.Spec{
+		Description: "Reads a UTF-8 text file, relative to the plan's directory.",
+		Params:      []function.Parameter{{Name: "path", Type: cty.String}},
+		Type:        function.StaticReturnType(cty.String),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			p := resolve(args[0].AsString())
+			fi, err := os.Stat(p)
+			if err != nil {
+				return cty.NilVal, function.NewArgError(0, err)
+			}
+			if fi.Size() > MaxFileSize {
+				return cty.NilVal, function.NewArgErrorf(0, "%s is larger than %d bytes", p, MaxFileSize)
+			}
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return cty.NilVal, function.NewArgError(0, err)
+			}
+			if !utf8.Valid(data) {
+				return cty.NilVal, function.NewArgErrorf(0, "%s is not UTF-8 text", p)
+			}
+			return cty.StringVal(string(data)), nil
+		},
+	})
+	fileExists := function.New(&function.Spec{
+		Params: []function.Parameter{{Name: "path", Type: cty.String}},
+		Type:   function.StaticReturnType(cty.Bool),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			_, err := os.Stat(resolve(args[0].AsString()))
+			return cty.BoolVal(err == nil), nil
+		},
+	})
+	pathFunc := func(f func(string) string) function.Function {
+		return function.New(&function.Spec{
+			Params: []function.Parameter{{Name: "path", Type: cty.String}},
+			Type:   function.StaticReturnType(cty.String),
+			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+				return cty.StringVal(f(args[0].AsString())), nil
+			},
+		})
+	}
+	return map[string]funcEntry{
+		"abs":             stdlib.AbsoluteFunc,
+		"basename":        pathFunc(filepath.Base),
+		"can":             tryfunc.CanFunc,
+		"ceil":            stdlib.CeilFunc,
+		"chomp":           stdlib.ChompFunc,
+		"coalesce":        stdlib.CoalesceFunc,
+		"compact":         stdlib.CompactFunc,
+		"concat":          stdlib.ConcatFunc,
+		"contains":        stdlib.ContainsFunc,
+		"dirname":         pathFunc(filepath.Dir),
+		"distinct":        stdlib.DistinctFunc,
+		"element":         stdlib.ElementFunc,
+		"file":            fileFunc,
+		"fileexists":      fileExists,
+		"flatten":         stdlib.FlattenFunc,
+		"floor":           stdlib.FloorFunc,
+		"format":          stdlib.FormatFunc,
+		"formatlist":      stdlib.FormatListFunc,
+		"indent":          stdlib.IndentFunc,
+		"join":            stdlib.JoinFunc,
+		"jsondecode":      stdlib.JSONDecodeFunc,
+		"jsonencode":      stdlib.JSONEncodeFunc,
+		"keys":            stdlib.KeysFunc,
+		"length":          stdlib.LengthFunc,
+		"lookup":          stdlib.LookupFunc,
+		"lower":           stdlib.LowerFunc,
+		"max":             stdlib.MaxFunc,
+		"merge":           stdlib.MergeFunc,
+		"min":             stdlib.MinFunc,
+		"parseint":        stdlib.ParseIntFunc,
+		"range":           stdlib.RangeFunc,
+		"regex":           stdlib.RegexFunc,
+		"regexall":        stdlib.RegexAllFunc,
+		"regex_replace":   stdlib.RegexReplaceFunc,
+		"replace":         stdlib.ReplaceFunc,
+		"reverse":         stdlib.ReverseListFunc,
+		"setintersection": stdlib.SetIntersectionFunc,
+		"setunion":        stdlib.SetUnionFunc,
+		"slice":           stdlib.SliceFunc,
+		"sort":            stdlib.SortFunc,
+		"split":           stdlib.SplitFunc,
+		"strrev":          stdlib.ReverseFunc,
+		"substr":          stdlib.SubstrFunc,
+		"title":           stdlib.TitleFunc,
+		"tobool":          stdlib.MakeToFunc(cty.Bool),
+		"tolist":          stdlib.MakeToFunc(cty.List(cty.DynamicPseudoType)),
+		"tomap":           stdlib.MakeToFunc(cty.Map(cty.DynamicPseudoType)),
+		"tonumber":        stdlib.MakeToFunc(cty.Number),
+		"toset":           stdlib.MakeToFunc(cty.Set(cty.DynamicPseudoType)),
+		"tostring":        stdlib.MakeToFunc(cty.String),
+		"trim":            stdlib.TrimFunc,
+		"trimprefix":      stdlib.TrimPrefixFunc,
+		"trimspace":       stdlib.TrimSpaceFunc,
+		"trimsuffix":      stdlib.TrimSuffixFunc,
+		"try":             tryfunc.TryFunc,
+		"upper":           stdlib.UpperFunc,
+		"values":          stdlib.ValuesFunc,
+		"zipmap":          stdlib.ZipmapFunc,
+	}
+}
+
+func (l *loader) funcTable() map[string]function.Function { return l.funcs }
+
+// FunctionNames lists the functions a plan may call, for the documentation test.
+func FunctionNames() []string {
+	var out []string
+	for n := range functions(".") {
+		out = append(out, n)
+	}
+	return out
+}

@@ -1,0 +1,690 @@
+package plans
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/gohcl"
+	"github.com/hashicorp/hcl/v2/hclparse"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/agent-dev/agent/internal/dag"
+)
+
+// Options are what a plan is loaded with besides its source.
+type Options struct {
+	// Schemas maps each resource kind ("file", "server") to a function returning a new
+	// pointer to its configuration struct (gohcl tags). Block types not named here are
+	// an error.
+	Schemas map[string]func() any
+	// Vars are -var arguments, "name=value", in command-line order.
+	Vars []string
+	// VarFiles are -var-file paths, in command-line order.
+	VarFiles []string
+	// Environ is the process environment (os.Environ()), for AGENT_VAR_name.
+	Environ []string
+}
+
+// MaxFileSize bounds a plan file: plans are tens of lines; a huge file is an accident or
+// an attack, and the parser's memory grows with it.
+const MaxFileSize = 4 << 20
+
+// Load reads the plan at path (a *.hcl file, or a directory whose *.hcl files form one
+// plan) and type-checks it. The returned diagnostics hold every error found; the plan is
+// usable only when they have no errors.
+func Load(path string, opts Options) (*Plan, hcl.Diagnostics) {
+	sources, dir, err := readSources(path)
+	if err != nil {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read plan", Detail: err.Error()}}
+	}
+	return LoadSources(dir, sources, opts)
+}
+
+// Source is one plan file's name and content.
+type Source struct {
+	Name string
+	Data []byte
+}
+
+func readSources(path string) ([]Source, string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, "", err
+	}
+	var names []string
+	dir := filepath.Dir(path)
+	if st.IsDir() {
+		dir = path
+		names, err = filepath.Glob(filepath.Join(path, "*.hcl"))
+		if err != nil {
+			return nil, "", err
+		}
+		if len(names) == 0 {
+			return nil, "", fmt.Errorf("%s holds no *.hcl files", path)
+		}
+		sort.Strings(names)
+	} else {
+		names = []string{path}
+	}
+	var out []Source
+	for _, n := range names {
+		fi, err := os.Stat(n)
+		if err != nil {
+			return nil, "", err
+		}
+		if fi.Size() > MaxFileSize {
+			return nil, "", fmt.Errorf("%s is %d bytes; plan files are limited to %d", n, fi.Size(), MaxFileSize)
+		}
+		data, err := os.ReadFile(n)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, Source{Name: n, Data: data})
+	}
+	return out, dir, nil
+}
+
+// rootSchema is the top level; resource kinds are added per load.
+func rootSchema(kinds []string) *hcl.BodySchema {
+	s := &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
+		{Type: "agent"},
+		{Type: "host"},
+		{Type: "variable", LabelNames: []string{"name"}},
+		{Type: "locals"},
+	}}
+	for _, k := range kinds {
+		s.Blocks = append(s.Blocks, hcl.BlockHeaderSchema{Type: k, LabelNames: []string{"name"}})
+	}
+	return s
+}
+
+type loader struct {
+	opts   Options
+	plan   *Plan
+	diags  hcl.Diagnostics
+	locals map[string]cty.Value
+	// localExprs keeps each local's expression for ordered evaluation.
+	localExprs map[string]*hcl.Attribute
+	resources  map[string]*resourceBlock
+	funcs      map[string]funcEntry
+	// badVars and badLocals have errors already reported; what uses them is not decoded,
+	// so that one mistake is reported once.
+	badVars, badLocals map[string]bool
+}
+
+type resourceBlock struct {
+	res       *Resource
+	body      hcl.Body
+	refs      []hcl.Traversal
+	dependsOn []hcl.Traversal
+	failed    bool
+}
+
+// LoadSources is Load over sources already in memory; dir resolves relative paths. The
+// parser's fuzz target calls it directly.
+func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnostics) {
+	l := &loader{
+		opts:       opts,
+		plan:       &Plan{Dir: dir, Files: map[string]*hcl.File{}, Variables: map[string]*Variable{}},
+		locals:     map[string]cty.Value{},
+		localExprs: map[string]*hcl.Attribute{},
+		resources:  map[string]*resourceBlock{},
+		badVars:    map[string]bool{},
+		badLocals:  map[string]bool{},
+	}
+	l.funcs = functions(dir)
+	parser := hclparse.NewParser()
+	var files []*hcl.File
+	for _, s := range sources {
+		f, diags := parser.ParseHCL(s.Data, s.Name)
+		l.diags = append(l.diags, diags...)
+		if f != nil {
+			l.plan.Files[s.Name] = f
+			files = append(files, f)
+		}
+	}
+	if l.diags.HasErrors() {
+		return l.plan, l.diags
+	}
+	kinds := make([]string, 0, len(opts.Schemas))
+	for k := range opts.Schemas {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+
+	var content []*hcl.BodyContent
+	for _, f := range files {
+		c, diags := f.Body.Content(rootSchema(kinds))
+		l.diags = append(l.diags, diags...)
+		content = append(content, c)
+	}
+	var varBlocks, localBlocks, resBlocks []*hcl.Block
+	var agentBlock, hostBlock *hcl.Block
+	for _, c := range content {
+		for _, b := range c.Blocks {
+			switch b.Type {
+			case "variable":
+				varBlocks = append(varBlocks, b)
+			case "locals":
+				localBlocks = append(localBlocks, b)
+			case "agent":
+				agentBlock = l.single(agentBlock, b)
+			case "host":
+				hostBlock = l.single(hostBlock, b)
+			default:
+				resBlocks = append(resBlocks, b)
+			}
+		}
+	}
+	l.variables(varBlocks)
+	l.collectLocals(localBlocks)
+	l.collectResources(resBlocks)
+	l.evalLocals()
+	l.decodeAgent(agentBlock)
+	l.decodeHost(hostBlock)
+	l.decodeResources()
+	sortDiagnostics(l.diags)
+	return l.plan, l.diags
+}
+
+// sortDiagnostics orders diagnostics by position (those without one first), so output
+// reads top to bottom whatever order the phases found them in.
+func sortDiagnostics(diags hcl.Diagnostics) {
+	key := func(d *hcl.Diagnostic) (string, int, int) {
+		if d.Subject == nil {
+			return "", 0, 0
+		}
+		return d.Subject.Filename, d.Subject.Start.Line, d.Subject.Start.Column
+	}
+	sort.SliceStable(diags, func(i, j int) bool {
+		fi, li, ci := key(diags[i])
+		fj, lj, cj := key(diags[j])
+		if fi != fj {
+			return fi < fj
+		}
+		if li != lj {
+			return li < lj
+		}
+		return ci < cj
+	})
+}
+
+func (l *loader) single(prev, b *hcl.Block) *hcl.Block {
+	if prev != nil {
+		l.diags = append(l.diags, &hcl.Diagnostic{
+			Severity: hcl.DiagError,
+			Summary:  fmt.Sprintf("Duplicate %s block", b.Type),
+			Detail:   fmt.Sprintf("A plan has at most one %s block; the first is at %s.", b.Type, prev.DefRange),
+			Subject:  b.DefRange.Ptr(),
+		})
+		return prev
+	}
+	return b
+}
+
+// evalContext returns the context expressions are evaluated in. With marked, sensitive
+// variable values carry a mark, so that an expression's result tells whether it derives
+// from a secret.
+func (l *loader) evalContext(marked bool) *hcl.EvalContext {
+	vars := map[string]cty.Value{}
+	for name, v := range l.plan.Variables {
+		val := v.Value
+		if marked && v.Sensitive {
+			val = val.Mark(sensitiveMark)
+		}
+		vars[name] = val
+	}
+	byKind := map[string]map[string]cty.Value{}
+	for _, rb := range l.resources {
+		if rb.res.Value == cty.NilVal {
+			continue
+		}
+		if byKind[rb.res.Type] == nil {
+			byKind[rb.res.Type] = map[string]cty.Value{}
+		}
+		byKind[rb.res.Type][rb.res.Name] = rb.res.Value
+	}
+	ctxVars := map[string]cty.Value{
+		"var":   cty.ObjectVal(vars),
+		"local": cty.ObjectVal(l.locals),
+	}
+	for k, m := range byKind {
+		ctxVars[k] = cty.ObjectVal(m)
+	}
+	funcs := l.funcTable()
+	return &hcl.EvalContext{Variables: ctxVars, Functions: funcs}
+}
+
+const sensitiveMark = "sensitive"
+
+// collectLocals gathers the attributes of every locals block.
+func (l *loader) collectLocals(blocks []*hcl.Block) {
+	for _, b := range blocks {
+		attrs, diags := b.Body.JustAttributes()
+		l.diags = append(l.diags, diags...)
+		names := make([]string, 0, len(attrs))
+		for n := range attrs {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			a := attrs[n]
+			if prev, ok := l.localExprs[n]; ok {
+				l.diags = append(l.diags, &hcl.Diagnostic{
+					Severity: hcl.DiagError,
+					Summary:  "Duplicate local value",
+					Detail:   fmt.Sprintf("local.%s is already defined at %s.", n, prev.NameRange),
+					Subject:  a.NameRange.Ptr(),
+				})
+				continue
+			}
+			l.localExprs[n] = a
+		}
+	}
+}
+
+// evalLocals evaluates locals in dependency order. Locals may use variables, other locals
+// and functions, not resources: a value that depends on a resource belongs in that
+// resource's reference, where it also orders the apply.
+func (l *loader) evalLocals() {
+	g := &dag.Graph{}
+	names := make([]string, 0, len(l.localExprs))
+	for n := range l.localExprs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	bad := map[string]bool{}
+	for _, n := range names {
+		g.Add(n)
+		for _, t := range l.localExprs[n].Expr.Variables() {
+			root := t.RootName()
+			switch {
+			case root == "var":
+				if !l.checkVarRef(t) || l.badVars[varName(t)] {
+					bad[n] = true
+				}
+			case root == "local":
+				name, ok := attrStep(t, 1)
+				if !ok {
+					l.errorAt(t.SourceRange(), "Invalid reference", "A local value reference looks like local.NAME.")
+					bad[n] = true
+					continue
+				}
+				if _, ok := l.localExprs[name]; !ok {
+					l.errorAt(t.SourceRange(), "Reference to undeclared local value", fmt.Sprintf("No local value named %q is declared in a locals block.", name))
+					bad[n] = true
+					continue
+				}
+				g.Depend(n, name)
+			case l.opts.Schemas[root] != nil:
+				l.errorAt(t.SourceRange(), "Resource reference in locals",
+					fmt.Sprintf("local.%s refers to %s; locals may use only var.*, local.* and functions. Refer to the resource directly where its value is needed.", n, traversalString(t)))
+				bad[n] = true
+			default:
+				l.unknownRoot(t)
+				bad[n] = true
+			}
+		}
+	}
+	order, err := g.Sort()
+	if err != nil {
+		var ce *dag.CycleError
+		if errorsAs(err, &ce) {
+			path := make([]string, len(ce.Path))
+			for i, p := range ce.Path {
+				path[i] = "local." + p
+			}
+			l.errorAt(l.localExprs[ce.Path[0]].NameRange, "Dependency cycle in locals", strings.Join(path, " → "))
+		}
+		return
+	}
+	for _, n := range order {
+		a := l.localExprs[n]
+		if bad[n] || slices.ContainsFunc(g.Deps(n), func(d string) bool { return bad[d] }) {
+			bad[n] = true
+			l.badLocals[n] = true
+			l.locals[n] = cty.DynamicVal
+			continue
+		}
+		v, diags := a.Expr.Value(l.evalContext(false))
+		l.diags = append(l.diags, diags...)
+		if diags.HasErrors() {
+			l.badLocals[n] = true
+			bad[n] = true
+			v = cty.DynamicVal
+		}
+		l.locals[n] = v
+	}
+	for n := range bad {
+		l.badLocals[n] = true
+	}
+}
+
+func varName(t hcl.Traversal) string { n, _ := attrStep(t, 1); return n }
+
+func (l *loader) errorAt(rng hcl.Range, summary, detail string) {
+	l.diags = append(l.diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: rng.Ptr()})
+}
+
+// checkVarRef reports whether a var.* traversal names a declared variable.
+func (l *loader) checkVarRef(t hcl.Traversal) bool {
+	name, ok := attrStep(t, 1)
+	if !ok {
+		l.errorAt(t.SourceRange(), "Invalid reference", "A variable reference looks like var.NAME.")
+		return false
+	}
+	if _, ok := l.plan.Variables[name]; !ok {
+		l.errorAt(t.SourceRange(), "Reference to undeclared input variable",
+			fmt.Sprintf("No variable named %q is declared. Declare it with a variable %q {} block.", name, name))
+		return false
+	}
+	return true
+}
+
+func (l *loader) unknownRoot(t hcl.Traversal) {
+	kinds := make([]string, 0, len(l.opts.Schemas))
+	for k := range l.opts.Schemas {
+		kinds = append(kinds, k+".")
+	}
+	sort.Strings(kinds)
+	l.errorAt(t.SourceRange(), "Unknown reference",
+		fmt.Sprintf("%q is not something a plan can refer to. References start with var., local., or a resource type (%s).", t.RootName(), strings.Join(kinds, ", ")))
+}
+
+// attrStep returns the name of the attribute step at index i of t.
+func attrStep(t hcl.Traversal, i int) (string, bool) {
+	if len(t) <= i {
+		return "", false
+	}
+	if a, ok := t[i].(hcl.TraverseAttr); ok {
+		return a.Name, true
+	}
+	return "", false
+}
+
+func traversalString(t hcl.Traversal) string {
+	var b strings.Builder
+	for _, s := range t {
+		switch s := s.(type) {
+		case hcl.TraverseRoot:
+			b.WriteString(s.Name)
+		case hcl.TraverseAttr:
+			b.WriteString("." + s.Name)
+		case hcl.TraverseIndex:
+			b.WriteString("[…]")
+		}
+	}
+	return b.String()
+}
+
+// collectResources records each resource block, its references and its depends_on.
+func (l *loader) collectResources(blocks []*hcl.Block) {
+	metaSchema := &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "depends_on"}}}
+	for _, b := range blocks {
+		name := b.Labels[0]
+		addr := b.Type + "." + name
+		if !hclsyntax.ValidIdentifier(name) {
+			l.errorAt(b.LabelRanges[0], "Invalid resource name",
+				fmt.Sprintf("%q is not a valid name: use letters, digits, underscores and dashes, starting with a letter.", name))
+			continue
+		}
+		if prev, ok := l.resources[addr]; ok {
+			l.errorAt(b.DefRange, "Duplicate resource",
+				fmt.Sprintf("%s is already declared at %s.", addr, prev.res.DeclRange))
+			continue
+		}
+		meta, remain, diags := b.Body.PartialContent(metaSchema)
+		l.diags = append(l.diags, diags...)
+		rb := &resourceBlock{
+			res:  &Resource{Type: b.Type, Name: name, Addr: addr, Body: remain, DeclRange: b.DefRange, Sensitive: map[string]bool{}},
+			body: remain,
+			refs: bodyTraversals(remain),
+		}
+		if a, ok := meta.Attributes["depends_on"]; ok {
+			exprs, diags := hcl.ExprList(a.Expr)
+			l.diags = append(l.diags, diags...)
+			for _, e := range exprs {
+				t, diags := hcl.AbsTraversalForExpr(e)
+				if diags.HasErrors() {
+					l.errorAt(e.Range(), "Invalid depends_on entry", "depends_on lists resource addresses, such as [file.nouveau, download.qwen], without quotes.")
+					continue
+				}
+				rb.dependsOn = append(rb.dependsOn, t)
+			}
+		}
+		l.resources[addr] = rb
+		l.plan.Resources = append(l.plan.Resources, rb.res)
+	}
+}
+
+// bodyTraversals returns every variable reference in a native-syntax body, nested blocks
+// included. Names bound inside the expression (for-expression iterators) are excluded by
+// hclsyntax itself.
+func bodyTraversals(body hcl.Body) []hcl.Traversal {
+	b, ok := body.(*hclsyntax.Body)
+	if !ok {
+		return nil
+	}
+	var out []hcl.Traversal
+	names := make([]string, 0, len(b.Attributes))
+	for n := range b.Attributes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		out = append(out, b.Attributes[n].Expr.Variables()...)
+	}
+	for _, blk := range b.Blocks {
+		out = append(out, bodyTraversals(blk.Body)...)
+	}
+	return out
+}
+
+// decodeResources builds the graph from references, rejects cycles, and decodes each
+// resource in dependency order so that its references resolve to decoded values.
+func (l *loader) decodeResources() {
+	g := &dag.Graph{}
+	for _, r := range l.plan.Resources {
+		g.Add(r.Addr)
+	}
+	for _, r := range l.plan.Resources {
+		rb := l.resources[r.Addr]
+		addDep := func(t hcl.Traversal, dep string) {
+			if dep == r.Addr {
+				l.errorAt(t.SourceRange(), "Self-reference", fmt.Sprintf("%s refers to itself.", r.Addr))
+				rb.failed = true
+				return
+			}
+			if !slices.Contains(r.DependsOn, dep) {
+				r.DependsOn = append(r.DependsOn, dep)
+			}
+			g.Depend(r.Addr, dep)
+		}
+		for _, t := range rb.refs {
+			root := t.RootName()
+			switch {
+			case root == "var":
+				if !l.checkVarRef(t) || l.badVars[varName(t)] {
+					rb.failed = true
+				}
+			case root == "local":
+				name, ok := attrStep(t, 1)
+				if _, declared := l.localExprs[name]; !ok || !declared {
+					l.errorAt(t.SourceRange(), "Reference to undeclared local value", fmt.Sprintf("No local value named %q is declared in a locals block.", name))
+					rb.failed = true
+				} else if l.badLocals[name] {
+					rb.failed = true
+				}
+			case l.opts.Schemas[root] != nil:
+				dep, ok := l.resourceRef(t)
+				if !ok {
+					rb.failed = true
+					continue
+				}
+				addDep(t, dep)
+			default:
+				l.unknownRoot(t)
+				rb.failed = true
+			}
+		}
+		for _, t := range rb.dependsOn {
+			if l.opts.Schemas[t.RootName()] == nil || len(t) != 2 {
+				l.errorAt(t.SourceRange(), "Invalid depends_on entry", "depends_on lists resource addresses such as file.nouveau.")
+				rb.failed = true
+				continue
+			}
+			dep, ok := l.resourceRef(t)
+			if !ok {
+				rb.failed = true
+				continue
+			}
+			addDep(t, dep)
+		}
+	}
+	order, err := g.Sort()
+	if err != nil {
+		var ce *dag.CycleError
+		if errorsAs(err, &ce) {
+			first := l.resources[ce.Path[0]].res
+			l.errorAt(first.DeclRange, "Dependency cycle",
+				fmt.Sprintf("These resources depend on each other in a circle: %s. Remove one of the references or depends_on entries.", strings.Join(ce.Path, " → ")))
+		}
+		return
+	}
+	for _, addr := range order {
+		rb := l.resources[addr]
+		for _, d := range rb.res.DependsOn {
+			if l.resources[d].failed {
+				rb.failed = true // its own errors would only echo the dependency's
+			}
+		}
+		if rb.failed {
+			continue
+		}
+		l.decodeResource(rb)
+	}
+}
+
+// resourceRef checks a type.name... traversal and returns the address it names.
+func (l *loader) resourceRef(t hcl.Traversal) (string, bool) {
+	name, ok := attrStep(t, 1)
+	if !ok {
+		l.errorAt(t.SourceRange(), "Invalid reference", fmt.Sprintf("A resource reference looks like %s.NAME.ATTRIBUTE.", t.RootName()))
+		return "", false
+	}
+	addr := t.RootName() + "." + name
+	if _, ok := l.resources[addr]; !ok {
+		l.errorAt(t.SourceRange(), "Reference to undeclared resource",
+			fmt.Sprintf("No %s named %q is declared in this plan.", t.RootName(), name))
+		return "", false
+	}
+	return addr, true
+}
+
+func (l *loader) decodeResource(rb *resourceBlock) {
+	r := rb.res
+	cfg := l.opts.Schemas[r.Type]()
+	ctx := l.evalContext(false)
+	diags := gohcl.DecodeBody(rb.body, ctx, cfg)
+	l.diags = append(l.diags, diags...)
+	if diags.HasErrors() {
+		rb.failed = true
+		return
+	}
+	r.Config = cfg
+	markSensitive(rb.body, l.evalContext(true), "", r.Sensitive)
+	r.Value = resourceValue(rb.body, ctx, r.Name)
+}
+
+// markSensitive records the attribute paths whose value derives from a sensitive variable.
+func markSensitive(body hcl.Body, ctx *hcl.EvalContext, prefix string, out map[string]bool) {
+	b, ok := body.(*hclsyntax.Body)
+	if !ok {
+		return
+	}
+	for n, a := range b.Attributes {
+		v, diags := a.Expr.Value(ctx)
+		if !diags.HasErrors() && v.ContainsMarked() {
+			out[prefix+n] = true
+		}
+	}
+	for _, blk := range b.Blocks {
+		markSensitive(blk.Body, ctx, prefix+blk.Type+".", out)
+	}
+}
+
+// resourceValue is what a reference to the resource evaluates to.
+func resourceValue(body hcl.Body, ctx *hcl.EvalContext, name string) cty.Value {
+	attrs := map[string]cty.Value{}
+	if b, ok := body.(*hclsyntax.Body); ok {
+		for n, a := range b.Attributes {
+			if v, diags := a.Expr.Value(ctx); !diags.HasErrors() {
+				attrs[n] = v
+			}
+		}
+	}
+	if _, ok := attrs["name"]; !ok {
+		attrs["name"] = cty.StringVal(name)
+	}
+	return cty.ObjectVal(attrs)
+}
+
+type agentBlock struct {
+	StateDir      *string `hcl:"state_dir,optional"`
+	Interval      *string `hcl:"interval,optional"`
+	MetricsListen *string `hcl:"metrics_listen,optional"`
+	IncusSocket   *string `hcl:"incus_socket,optional"`
+}
+
+func (l *loader) decodeAgent(b *hcl.Block) {
+	if b == nil {
+		return
+	}
+	var a agentBlock
+	diags := gohcl.DecodeBody(b.Body, l.evalContext(false), &a)
+	l.diags = append(l.diags, diags...)
+	if diags.HasErrors() {
+		return
+	}
+	s := &l.plan.Agent
+	s.StateDir = deref(a.StateDir)
+	s.MetricsListen = deref(a.MetricsListen)
+	s.IncusSocket = deref(a.IncusSocket)
+	if a.Interval != nil {
+		d, err := time.ParseDuration(*a.Interval)
+		if err != nil || d <= 0 {
+			l.errorAt(attrRange(b.Body, b.DefRange, "interval"), "Invalid interval",
+				fmt.Sprintf("%q is not a positive duration; write it like \"30s\" or \"5m\".", *a.Interval))
+		}
+		s.Interval = d
+	}
+}
+
+type hostBlock struct {
+	Hostname *string `hcl:"hostname,optional"`
+}
+
+func (l *loader) decodeHost(b *hcl.Block) {
+	if b == nil {
+		return
+	}
+	var h hostBlock
+	diags := gohcl.DecodeBody(b.Body, l.evalContext(false), &h)
+	l.diags = append(l.diags, diags...)
+	l.plan.Host = HostSettings{Hostname: deref(h.Hostname), DeclRange: b.DefRange}
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

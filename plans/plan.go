@@ -1,0 +1,129 @@
+package plans
+
+import (
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// Plan is a loaded, type-checked plan.
+type Plan struct {
+	// Dir is the directory the plan was loaded from; relative paths in it (file(),
+	// a file resource's source) are resolved against it.
+	Dir string
+	// Files are the parsed source files by name, for rendering diagnostics.
+	Files map[string]*hcl.File
+
+	Agent     AgentSettings
+	Host      HostSettings
+	Variables map[string]*Variable
+	// Resources in declaration order (files in name order, blocks in source order).
+	Resources []*Resource
+
+	secrets []string
+}
+
+// Resource returns the resource at addr, or nil.
+func (p *Plan) Resource(addr string) *Resource {
+	for _, r := range p.Resources {
+		if r.Addr == addr {
+			return r
+		}
+	}
+	return nil
+}
+
+// Secrets returns the string values of sensitive variables, for redacting output. Output
+// paths should prefer the per-attribute Sensitive flags; this is the backstop for logs and
+// error messages.
+func (p *Plan) Secrets() []string { return p.secrets }
+
+// AgentSettings is the `agent` block: how the agent itself runs on this host.
+type AgentSettings struct {
+	StateDir      string        // "" when the plan does not say
+	Interval      time.Duration // reconcile interval of `agent run`; 0 when not set
+	MetricsListen string
+	IncusSocket   string
+}
+
+// HostSettings is the `host` block: guards about which host this plan is for.
+type HostSettings struct {
+	// Hostname, when set, is the only host the plan may be applied on.
+	Hostname  string
+	DeclRange hcl.Range
+}
+
+// Variable is a declared input variable with its final value.
+type Variable struct {
+	Name        string
+	Description string
+	Type        cty.Type
+	Sensitive   bool
+	Value       cty.Value
+	DeclRange   hcl.Range
+}
+
+// Resource is one resource block, decoded with its kind's schema.
+type Resource struct {
+	Type, Name string
+	// Addr is "type.name", the resource's address in output, state and --target.
+	Addr string
+	// Config is the pointer returned by the kind's schema function, filled in.
+	Config any
+	// DependsOn are the addresses this resource needs applied first: from references in
+	// its body and from depends_on, in first-mention order.
+	DependsOn []string
+	// Body is the resource's body without meta-arguments, for looking up source ranges.
+	Body hcl.Body
+	// DeclRange is the range of the block header ("server \"qwen\"").
+	DeclRange hcl.Range
+	// Sensitive holds the attribute paths ("content", "installer.url") whose value
+	// derives from a sensitive variable; they are never printed.
+	Sensitive map[string]bool
+	// Value is the resource as other blocks see it through references: its top-level
+	// attributes, plus name = the label unless the body sets one.
+	Value cty.Value
+}
+
+// Dir is the directory of the file that declares the resource.
+func (r *Resource) Dir() string { return filepath.Dir(r.DeclRange.Filename) }
+
+// Range returns the source range of an attribute, following nested block types:
+// Range("ready", "timeout") is the timeout attribute of the ready block. It falls back to
+// the closest enclosing block, then to the resource header, so a diagnostic always points
+// somewhere useful.
+func (r *Resource) Range(path ...string) hcl.Range {
+	return attrRange(r.Body, r.DeclRange, path...)
+}
+
+func attrRange(body hcl.Body, fallback hcl.Range, path ...string) hcl.Range {
+	b, ok := body.(*hclsyntax.Body)
+	if !ok {
+		return fallback
+	}
+	for i, name := range path {
+		last := i == len(path)-1
+		if last {
+			if a, ok := b.Attributes[name]; ok {
+				return a.SrcRange
+			}
+		}
+		found := false
+		for _, blk := range b.Blocks {
+			if blk.Type == name {
+				if last {
+					return blk.DefRange()
+				}
+				b, fallback, found = blk.Body, blk.DefRange(), true
+				break
+			}
+		}
+		if !found {
+			return fallback
+		}
+	}
+	return fallback
+}
