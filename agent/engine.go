@@ -1,0 +1,438 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/internal/dag"
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
+)
+
+// DefaultStepTimeout bounds one resource's Check or Apply unless the resource says
+// otherwise (Timeouter).
+const DefaultStepTimeout = 10 * time.Minute
+
+// DefaultParallelism is how many resources are observed or applied at once.
+const DefaultParallelism = 4
+
+// Options tune an Engine.
+type Options struct {
+	// Parallelism bounds concurrent steps (DefaultParallelism when < 1).
+	Parallelism int
+	// Targets limit the run to these addresses and what they depend on.
+	Targets []string
+	// StepTimeout is the default bound of one step (DefaultStepTimeout when zero).
+	StepTimeout time.Duration
+	// Log receives the engine's and the resources' structured logs (discarded when nil).
+	Log *slog.Logger
+	// Hostname is this host's name, for the plan's host guard (os.Hostname when empty).
+	Hostname string
+	// HostOverride lets a plan guarded for another host run here: the intended step of a
+	// migration. It must equal the plan's host.hostname, so it is never a blanket bypass.
+	HostOverride string
+	// NoDestructive refuses restarts, replacements and deletions.
+	NoDestructive bool
+}
+
+// Engine runs a bound plan against the host.
+type Engine struct {
+	plan      *plans.Plan
+	resources map[string]Resource
+	graph     *dag.Graph
+	store     *state.Store
+	opts      Options
+	log       *slog.Logger
+}
+
+// Bind binds every resource of a loaded plan to its kind. It touches nothing on the host,
+// so `agent validate` uses it: its diagnostics are the kinds' own checks.
+func Bind(p *plans.Plan, kinds []Kind) (map[string]Resource, hcl.Diagnostics) {
+	byName := map[string]Kind{}
+	for _, k := range kinds {
+		byName[k.Name] = k
+	}
+	out := map[string]Resource{}
+	var diags hcl.Diagnostics
+	for _, r := range p.Resources {
+		k, ok := byName[r.Type]
+		if !ok {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Unknown resource kind",
+				Detail: fmt.Sprintf("No kind %q is built into this agent.", r.Type), Subject: r.DeclRange.Ptr()})
+			continue
+		}
+		if r.Config == nil {
+			continue // its decoding failed and was reported
+		}
+		res, d := k.Bind(r)
+		diags = append(diags, d...)
+		if res != nil && !d.HasErrors() {
+			out[r.Addr] = res
+		}
+	}
+	return out, diags
+}
+
+// New binds a plan and prepares an engine over the state store. The plan must have loaded
+// without errors.
+func New(p *plans.Plan, kinds []Kind, store *state.Store, opts Options) (*Engine, error) {
+	resources, diags := Bind(p, kinds)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	g := &dag.Graph{}
+	for _, r := range p.Resources {
+		g.Add(r.Addr)
+		for _, d := range r.DependsOn {
+			g.Depend(r.Addr, d)
+		}
+	}
+	if len(opts.Targets) > 0 {
+		sub, err := g.Closure(opts.Targets)
+		if err != nil {
+			return nil, fmt.Errorf("--target: %w", err)
+		}
+		g = sub
+	}
+	if opts.Parallelism < 1 {
+		opts.Parallelism = DefaultParallelism
+	}
+	if opts.StepTimeout <= 0 {
+		opts.StepTimeout = DefaultStepTimeout
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	e := &Engine{plan: p, resources: resources, graph: g, store: store, opts: opts, log: log}
+	if err := e.checkHost(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// ErrWrongHost is returned when the plan's host guard names another host.
+var ErrWrongHost = errors.New("wrong host")
+
+func (e *Engine) checkHost() error {
+	want := e.plan.Host.Hostname
+	if want == "" {
+		return nil
+	}
+	have := e.opts.Hostname
+	if have == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("host guard: %w", err)
+		}
+		have = h
+	}
+	if have == want {
+		return nil
+	}
+	if e.opts.HostOverride == want {
+		e.log.Warn("host guard overridden", "plan_host", want, "this_host", have)
+		return nil
+	}
+	return fmt.Errorf("%w: this plan is for host %q (%s) and this is %q; if this is the intended migration step, pass --host-override %s",
+		ErrWrongHost, want, e.plan.Host.DeclRange, have, want)
+}
+
+// Order returns the addresses the engine acts on, in dependency order.
+func (e *Engine) Order() []string {
+	order, _ := e.graph.Sort() // acyclic: the plan loader rejected cycles
+	return order
+}
+
+func (e *Engine) env(addr string) *Env {
+	return &Env{Addr: addr, State: e.store.For(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now}
+}
+
+func (e *Engine) timeout(addr string) time.Duration {
+	if t, ok := e.resources[addr].(Timeouter); ok && t.Timeout() > 0 {
+		return t.Timeout()
+	}
+	return e.opts.StepTimeout
+}
+
+// guard runs fn under the step timeout and turns a panic into an error, so one broken
+// resource cannot take the agent (and every other resource's apply) down with it.
+func (e *Engine) guard(ctx context.Context, addr, what string, fn func(ctx context.Context) error) (err error) {
+	limit := e.timeout(addr)
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			e.log.Error("panic", "resource", addr, "step", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = fmt.Errorf("%s: %s: internal error (panic: %v); this is a bug in the agent, please report it with the log", addr, what, p)
+		}
+	}()
+	err = fn(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (step timeout %s)", err, limit)
+	} else if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%s: %s: did not finish within %s: %w", addr, what, limit, err)
+	}
+	return err
+}
+
+// check runs one resource's Check and prefixes its errors with the address.
+func (e *Engine) check(ctx context.Context, addr string) (*Diff, error) {
+	var d *Diff
+	err := e.guard(ctx, addr, "observe", func(ctx context.Context) error {
+		var err error
+		d, err = e.resources[addr].Check(ctx, e.env(addr))
+		return err
+	})
+	if err != nil {
+		return nil, withAddr(addr, "observe", err)
+	}
+	if d == nil {
+		d = NoChange()
+	}
+	return d, nil
+}
+
+// withAddr prefixes err with the resource address unless it already starts with it.
+func withAddr(addr, what string, err error) error {
+	msg := err.Error()
+	if len(msg) >= len(addr) && msg[:len(addr)] == addr {
+		return err
+	}
+	return fmt.Errorf("%s: %s: %w", addr, what, err)
+}
+
+// Step is the outcome of one resource in a plan, apply or status run.
+type Step struct {
+	Addr string
+	// Diff is what Check found (before acting, for apply).
+	Diff *Diff
+	// Err is the failure of this step, or a *dag.SkippedError when a dependency failed.
+	Err error
+	// Applied is true when Apply ran and its result was verified by a fresh Check.
+	Applied bool
+	// Status is the live status (status runs only).
+	Status   *Status
+	Duration time.Duration
+}
+
+// Skipped reports whether the step did not run because a dependency failed, and which.
+func (s *Step) Skipped() (cause string, ok bool) {
+	var sk *dag.SkippedError
+	if errors.As(s.Err, &sk) {
+		return sk.Cause, true
+	}
+	return "", false
+}
+
+// Report is the result of a run, steps in dependency order.
+type Report struct {
+	Steps []*Step
+}
+
+// Summary counts the actions of the report's diffs.
+func (r *Report) Summary() Summary {
+	var s Summary
+	for _, st := range r.Steps {
+		if st.Diff != nil {
+			s.count(st.Diff.Action)
+		}
+	}
+	return s
+}
+
+// Failed reports whether any step failed or was skipped.
+func (r *Report) Failed() bool {
+	for _, st := range r.Steps {
+		if st.Err != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Changes reports whether any step's diff is not a no-op.
+func (r *Report) Changes() bool { return r.Summary().Total() > 0 }
+
+func (e *Engine) newReport() (*Report, map[string]*Step) {
+	rep := &Report{}
+	byAddr := map[string]*Step{}
+	for _, a := range e.Order() {
+		st := &Step{Addr: a}
+		rep.Steps = append(rep.Steps, st)
+		byAddr[a] = st
+	}
+	return rep, byAddr
+}
+
+// Plan observes every resource, concurrently, and returns their diffs. It changes nothing.
+func (e *Engine) Plan(ctx context.Context) *Report {
+	rep, byAddr := e.newReport()
+	e.each(ctx, func(ctx context.Context, addr string) {
+		st := byAddr[addr]
+		start := time.Now()
+		st.Diff, st.Err = e.check(ctx, addr)
+		st.Duration = time.Since(start)
+	})
+	return rep
+}
+
+// each runs fn on every resource with bounded parallelism, ignoring dependencies
+// (observation needs no order).
+func (e *Engine) each(ctx context.Context, fn func(ctx context.Context, addr string)) {
+	sem := make(chan struct{}, e.opts.Parallelism)
+	var wg sync.WaitGroup
+	for _, addr := range e.Order() {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			fn(ctx, addr)
+		}()
+	}
+	wg.Wait()
+}
+
+// Event reports progress of an apply as it happens, for live output.
+type Event struct {
+	Step *Step
+	// Phase is "start" (Diff known, about to act), or "done" (Err/Applied final).
+	Phase string
+}
+
+// ErrNotConverged is wrapped by the error of a resource that Apply reported done but a
+// fresh Check still finds different.
+var ErrNotConverged = errors.New("host still differs after apply")
+
+// ErrDestructiveRefused is returned for a destructive step under NoDestructive.
+var ErrDestructiveRefused = errors.New("destructive change refused by --no-destructive")
+
+// Apply walks the graph in dependency order. For each resource it checks the host afresh,
+// applies the diff when there is one, and checks again to verify. A failure skips the
+// resource's dependents (reported with the root cause) and lets independent resources
+// continue. onEvent, when not nil, is called as steps start and finish (serially).
+func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
+	rep, byAddr := e.newReport()
+	var evMu sync.Mutex
+	emit := func(st *Step, phase string) {
+		if onEvent == nil {
+			return
+		}
+		evMu.Lock()
+		defer evMu.Unlock()
+		onEvent(Event{Step: st, Phase: phase})
+	}
+	results, err := e.graph.Walk(ctx, e.opts.Parallelism, func(ctx context.Context, addr string) error {
+		st := byAddr[addr]
+		start := time.Now()
+		st.Err = e.applyOne(ctx, st, func() { emit(st, "start") })
+		st.Duration = time.Since(start)
+		if st.Err != nil || st.Applied {
+			emit(st, "done")
+		}
+		return st.Err
+	})
+	if err != nil {
+		// The loader rejects cycles, so this cannot happen with a loaded plan.
+		for _, st := range rep.Steps {
+			st.Err = err
+		}
+		return rep
+	}
+	for _, st := range rep.Steps {
+		if res := results[st.Addr]; st.Err == nil && res != nil {
+			st.Err = res // skipped, or never run because ctx ended
+			emit(st, "done")
+		}
+	}
+	return rep
+}
+
+// applyOne is one resource's part of Apply: check, act, verify.
+func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
+	addr := st.Addr
+	d, err := e.check(ctx, addr)
+	st.Diff = d
+	if err != nil {
+		return err
+	}
+	if d.Action == NoOp {
+		return nil
+	}
+	if e.opts.NoDestructive && d.Action.Destructive() {
+		return fmt.Errorf("%s: %s: %w", addr, d.Action, ErrDestructiveRefused)
+	}
+	started()
+	e.log.Info("applying", "resource", addr, "action", string(d.Action))
+	err = e.guard(ctx, addr, string(d.Action), func(ctx context.Context) error {
+		return e.resources[addr].Apply(ctx, e.env(addr), d)
+	})
+	if err != nil {
+		return withAddr(addr, string(d.Action), err)
+	}
+	after, err := e.check(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("%w (while verifying the apply)", err)
+	}
+	if after.Action != NoOp {
+		return fmt.Errorf("%s: verify: %w: %s", addr, ErrNotConverged, describe(after))
+	}
+	st.Applied = true
+	e.log.Info("applied and verified", "resource", addr, "action", string(d.Action))
+	return nil
+}
+
+func describe(d *Diff) string {
+	var attrs []string
+	for _, c := range d.Changes {
+		attrs = append(attrs, c.Attr)
+	}
+	sort.Strings(attrs)
+	if len(attrs) == 0 {
+		return string(d.Action)
+	}
+	return fmt.Sprintf("%s of %v", d.Action, attrs)
+}
+
+// Status observes every resource and returns its live status: the resource's own Status
+// when it has one, otherwise "matches the plan" or the drift Check finds.
+func (e *Engine) Status(ctx context.Context) *Report {
+	rep, byAddr := e.newReport()
+	e.each(ctx, func(ctx context.Context, addr string) {
+		st := byAddr[addr]
+		start := time.Now()
+		defer func() { st.Duration = time.Since(start) }()
+		if s, ok := e.resources[addr].(Statuser); ok {
+			st.Err = e.guard(ctx, addr, "status", func(ctx context.Context) error {
+				var err error
+				st.Status, err = s.Status(ctx, e.env(addr))
+				return err
+			})
+			if st.Err != nil {
+				st.Err = withAddr(addr, "status", st.Err)
+			}
+			return
+		}
+		d, err := e.check(ctx, addr)
+		st.Diff, st.Err = d, err
+		if err != nil {
+			return
+		}
+		if d.Action == NoOp {
+			st.Status = &Status{Healthy: true, Summary: "matches the plan"}
+		} else {
+			st.Status = &Status{Healthy: false, Summary: "drift: " + describe(d)}
+		}
+	})
+	return rep
+}

@@ -1,0 +1,354 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/agent-dev/agent/plans"
+)
+
+// FormatVersion is the version of the --json output schema (docs/json-output.md). It
+// changes only when a field changes meaning or disappears; new fields keep it.
+const FormatVersion = "1"
+
+// Redactor replaces secret values in text that reaches people or machines. Per-attribute
+// Sensitive flags keep known secrets out of diffs; the redactor is the backstop for
+// error messages and anything else that might quote a secret.
+type Redactor struct{ secrets []string }
+
+// NewRedactor redacts the given values (a plan's Secrets).
+func NewRedactor(secrets []string) *Redactor { return &Redactor{secrets: secrets} }
+
+// String returns s with every secret replaced by "(sensitive)".
+func (r *Redactor) String(s string) string {
+	if r == nil {
+		return s
+	}
+	for _, sec := range r.secrets {
+		if sec != "" {
+			s = strings.ReplaceAll(s, sec, "(sensitive)")
+		}
+	}
+	return s
+}
+
+// View renders reports for people.
+type View struct {
+	W      io.Writer
+	Redact *Redactor
+}
+
+func (v *View) printf(format string, args ...any) {
+	fmt.Fprint(v.W, v.Redact.String(fmt.Sprintf(format, args...)))
+}
+
+// Plan prints the diff of a plan run, terraform-style.
+func (v *View) Plan(rep *Report) {
+	changed := 0
+	for _, st := range rep.Steps {
+		if st.Err != nil {
+			v.printf("  ! %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
+			continue
+		}
+		if st.Diff.Action == NoOp {
+			v.warnings(st)
+			continue
+		}
+		changed++
+		v.diff(st)
+	}
+	s := rep.Summary()
+	switch {
+	case rep.Failed():
+		v.printf("\nPlan incomplete: %d resources could not be observed.\n", countErrs(rep))
+	case changed == 0:
+		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
+	default:
+		v.printf("\nPlan: %s.\n", s)
+	}
+}
+
+func countErrs(rep *Report) int {
+	n := 0
+	for _, st := range rep.Steps {
+		if st.Err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (v *View) warnings(st *Step) {
+	for _, w := range st.Diff.Warnings {
+		v.printf("  ! %s: %s\n", st.Addr, w)
+	}
+}
+
+// diff prints one resource's changes.
+func (v *View) diff(st *Step) {
+	d := st.Diff
+	v.printf("  %s %s (%s)\n", d.Action.Symbol(), st.Addr, d.Action)
+	for _, c := range d.Changes {
+		v.printf("      %s\n", changeLine(c))
+		if c.Text != "" && !c.Sensitive {
+			for _, line := range strings.Split(strings.TrimRight(c.Text, "\n"), "\n") {
+				v.printf("          %s\n", line)
+			}
+		}
+	}
+	for _, w := range d.Warnings {
+		v.printf("      ! %s\n", w)
+	}
+}
+
+func changeLine(c Change) string {
+	sym := "~"
+	switch {
+	case c.HasNew && !c.HasOld:
+		sym = "+"
+	case c.HasOld && !c.HasNew:
+		sym = "-"
+	}
+	old, new := c.Old, c.New
+	if c.Sensitive {
+		old, new = "(sensitive)", "(sensitive)"
+	}
+	var val string
+	switch {
+	case c.HasOld && c.HasNew:
+		val = old + " → " + new
+	case c.HasNew:
+		val = new
+	case c.HasOld:
+		val = old
+	}
+	line := sym + " " + c.Attr
+	if val != "" {
+		line += ": " + val
+	}
+	if c.Note != "" {
+		line += "  (" + c.Note + ")"
+	}
+	return strings.TrimRight(line, " ")
+}
+
+// errLine is an error as shown after "ADDR: ": without the address it already starts with.
+func errLine(addr string, err error) string {
+	return strings.TrimPrefix(err.Error(), addr+": ")
+}
+
+// ApplyEvent prints one apply event as it happens.
+func (v *View) ApplyEvent(ev Event) {
+	st := ev.Step
+	switch ev.Phase {
+	case "start":
+		v.diff(st)
+		v.printf("  … %s: %s\n", st.Addr, progressive(st.Diff.Action))
+	case "done":
+		switch {
+		case st.Err != nil:
+			if cause, ok := st.Skipped(); ok {
+				v.printf("  - %s: skipped, because %s failed\n", st.Addr, cause)
+			} else {
+				v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
+			}
+		case st.Applied:
+			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
+		}
+	}
+}
+
+// ApplySummary prints the closing line of an apply.
+func (v *View) ApplySummary(rep *Report) {
+	applied, failed, skipped := 0, 0, 0
+	for _, st := range rep.Steps {
+		switch {
+		case st.Err != nil:
+			if _, ok := st.Skipped(); ok {
+				skipped++
+			} else {
+				failed++
+			}
+		case st.Applied:
+			applied++
+		}
+		if st.Diff != nil && st.Err == nil {
+			v.warnings(st)
+		}
+	}
+	switch {
+	case failed > 0:
+		v.printf("\nApply failed: %d changed, %d failed, %d skipped.\n", applied, failed, skipped)
+	case applied == 0:
+		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
+	default:
+		v.printf("\nApply complete: %d changed, all verified; %d unchanged.\n", applied, len(rep.Steps)-applied)
+	}
+}
+
+func progressive(a Action) string {
+	switch a {
+	case Create:
+		return "creating"
+	case Update:
+		return "updating"
+	case Restart:
+		return "restarting"
+	case Replace:
+		return "replacing"
+	case Delete:
+		return "deleting"
+	}
+	return string(a)
+}
+
+func past(a Action) string {
+	switch a {
+	case Create:
+		return "created"
+	case Update:
+		return "updated"
+	case Restart:
+		return "restarted"
+	case Replace:
+		return "replaced"
+	case Delete:
+		return "deleted"
+	}
+	return string(a)
+}
+
+// Status prints live status: one line per resource, then its fields.
+func (v *View) Status(rep *Report) {
+	for _, st := range rep.Steps {
+		switch {
+		case st.Err != nil:
+			v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
+			continue
+		case st.Status.Healthy:
+			v.printf("  ✓ %s: %s\n", st.Addr, st.Status.Summary)
+		default:
+			v.printf("  ! %s: %s\n", st.Addr, st.Status.Summary)
+		}
+		width := 0
+		for _, f := range st.Status.Fields {
+			width = max(width, len(f.Name))
+		}
+		for _, f := range st.Status.Fields {
+			v.printf("      %-*s  %s\n", width, f.Name, f.Value)
+		}
+	}
+}
+
+// Degraded reports whether a status report has an unhealthy or failed resource.
+func (rep *Report) Degraded() bool {
+	for _, st := range rep.Steps {
+		if st.Err != nil || st.Status == nil || !st.Status.Healthy {
+			return true
+		}
+	}
+	return false
+}
+
+// JSONOutput is the --json document of plan, apply, status and validate.
+type JSONOutput struct {
+	FormatVersion string                 `json:"format_version"`
+	Command       string                 `json:"command"`
+	OK            bool                   `json:"ok"`
+	Summary       *Summary               `json:"summary,omitempty"`
+	Resources     []JSONResource         `json:"resources"`
+	Diagnostics   []plans.JSONDiagnostic `json:"diagnostics,omitempty"`
+	Error         string                 `json:"error,omitempty"`
+}
+
+// JSONResource is one resource in JSONOutput.
+type JSONResource struct {
+	Address        string       `json:"address"`
+	Type           string       `json:"type"`
+	Name           string       `json:"name"`
+	Action         Action       `json:"action,omitempty"`
+	Changes        []JSONChange `json:"changes,omitempty"`
+	Warnings       []string     `json:"warnings,omitempty"`
+	Applied        bool         `json:"applied,omitempty"`
+	Status         *Status      `json:"status,omitempty"`
+	Error          string       `json:"error,omitempty"`
+	SkippedBecause string       `json:"skipped_because,omitempty"`
+	DurationMS     int64        `json:"duration_ms"`
+}
+
+// JSONChange is one attribute change; old and new are absent when the attribute is
+// absent on that side or sensitive.
+type JSONChange struct {
+	Attribute string  `json:"attribute"`
+	Old       *string `json:"old,omitempty"`
+	New       *string `json:"new,omitempty"`
+	Sensitive bool    `json:"sensitive,omitempty"`
+	Note      string  `json:"note,omitempty"`
+	Text      string  `json:"text,omitempty"`
+}
+
+// JSON converts a report to its --json document.
+func JSON(command string, rep *Report, p *plans.Plan, r *Redactor) *JSONOutput {
+	out := &JSONOutput{FormatVersion: FormatVersion, Command: command, OK: !rep.Failed(), Resources: []JSONResource{}}
+	if command != "status" {
+		s := rep.Summary()
+		out.Summary = &s
+	}
+	for _, st := range rep.Steps {
+		res := p.Resource(st.Addr)
+		jr := JSONResource{Address: st.Addr, Type: res.Type, Name: res.Name, Applied: st.Applied,
+			Status: st.Status, DurationMS: st.Duration.Milliseconds()}
+		if st.Err != nil {
+			if cause, ok := st.Skipped(); ok {
+				jr.SkippedBecause = cause
+			}
+			jr.Error = r.String(st.Err.Error())
+		}
+		if d := st.Diff; d != nil {
+			jr.Action = d.Action
+			for _, w := range d.Warnings {
+				jr.Warnings = append(jr.Warnings, r.String(w))
+			}
+			for _, c := range d.Changes {
+				jc := JSONChange{Attribute: c.Attr, Sensitive: c.Sensitive, Note: c.Note}
+				if !c.Sensitive {
+					if c.HasOld {
+						s := r.String(c.Old)
+						jc.Old = &s
+					}
+					if c.HasNew {
+						s := r.String(c.New)
+						jc.New = &s
+					}
+					jc.Text = r.String(c.Text)
+				}
+				jr.Changes = append(jr.Changes, jc)
+			}
+		}
+		if jr.Status != nil {
+			s := *jr.Status
+			s.Summary = r.String(s.Summary)
+			s.Fields = nil
+			for _, f := range jr.Status.Fields {
+				s.Fields = append(s.Fields, Field{Name: f.Name, Value: r.String(f.Value)})
+			}
+			jr.Status = &s
+		}
+		out.Resources = append(out.Resources, jr)
+	}
+	if command == "status" {
+		out.OK = !rep.Degraded()
+	}
+	return out
+}
+
+// WriteJSON writes a document as indented JSON.
+func WriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
+)
+
+// Resource is one declared resource bound to its configuration.
+type Resource interface {
+	// Check observes the host and returns what Apply would have to change. It must not
+	// change the host. A state the resource cannot act on is an error; "not there yet"
+	// is a Diff.
+	Check(ctx context.Context, env *Env) (*Diff, error)
+	// Apply carries out d, returned by Check moments before, and verifies the result of
+	// each step it takes. The engine calls Check afterwards to prove convergence.
+	Apply(ctx context.Context, env *Env, d *Diff) error
+}
+
+// Statuser is implemented by resources whose live status says more than "matches the plan"
+// (a server's PID, generation and serving metrics). Without it, status is derived from Check.
+type Statuser interface {
+	Status(ctx context.Context, env *Env) (*Status, error)
+}
+
+// Timeouter is implemented by resources whose steps may legitimately take longer (or
+// must take less) than the engine's default step timeout: a server's readiness timeout,
+// a 52 GB download.
+type Timeouter interface {
+	Timeout() time.Duration
+}
+
+// Env is what a resource gets from the engine for one call: its address, its own state
+// record, a logger, and the plan-wide settings. Resources take nothing from globals.
+type Env struct {
+	Addr  string
+	State *state.Scoped
+	Log   *slog.Logger
+	Plan  *plans.Plan
+	// Now is the clock; tests may replace it.
+	Now func() time.Time
+}
+
+// Kind is a resource type: its name in plans, its configuration schema, and how to bind a
+// decoded configuration to a Resource.
+type Kind struct {
+	Name string
+	// NewConfig returns a new pointer to the kind's configuration struct (gohcl tags).
+	NewConfig func() any
+	// Bind validates a decoded configuration beyond what its types say (paths absolute,
+	// modes octal, one of two attributes) and returns the Resource. Errors are
+	// diagnostics pointing into the plan (use r.Range for their subject). Bind must not
+	// touch the host: `agent validate` calls it.
+	Bind func(r *plans.Resource) (Resource, hcl.Diagnostics)
+}
+
+// NewKind builds a Kind from a typed bind function, so each kind works with its own
+// configuration type instead of any.
+func NewKind[C any](name string, bind func(r *plans.Resource, cfg *C) (Resource, hcl.Diagnostics)) Kind {
+	return Kind{
+		Name:      name,
+		NewConfig: func() any { return new(C) },
+		Bind: func(r *plans.Resource) (Resource, hcl.Diagnostics) {
+			cfg, ok := r.Config.(*C)
+			if !ok {
+				return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Internal error",
+					Detail: fmt.Sprintf("%s: configuration is %T, want *%T", r.Addr, r.Config, *new(C)), Subject: r.DeclRange.Ptr()}}
+			}
+			return bind(r, cfg)
+		},
+	}
+}
+
+// Schemas returns the configuration schemas of kinds, as the plan loader wants them.
+func Schemas(kinds []Kind) map[string]func() any {
+	m := make(map[string]func() any, len(kinds))
+	for _, k := range kinds {
+		m[k.Name] = k.NewConfig
+	}
+	return m
+}
+
+// Status is the live state of one resource, for `agent status`.
+type Status struct {
+	// Healthy is false when the resource is degraded: it differs from the plan, or it
+	// matches but does not work (a server that fails its smoke test).
+	Healthy bool `json:"healthy"`
+	// Summary is one line for people ("running, ready, generation 7").
+	Summary string `json:"summary"`
+	// Fields are observed facts in display order (PID, start time, log age, accept rate).
+	Fields []Field `json:"fields,omitempty"`
+}
+
+// Field is one observed fact.
+type Field struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}

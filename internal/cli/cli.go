@@ -1,0 +1,297 @@
+// Package cli is the agent's command line: it parses flags, loads the plan, runs the
+// engine and prints one of its two views (human or --json). Exit codes are part of the
+// contract (SPEC.md): plan 0/2/1, apply 0/1, status 0/3/1, validate 0/1, fmt -check 0/3/1.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
+)
+
+// Exit codes.
+const (
+	ExitOK       = 0
+	ExitError    = 1
+	ExitChanges  = 2 // plan: the host differs from the plan
+	ExitDegraded = 3 // status: something is degraded; fmt -check: a file would change
+	exitUsage    = 64
+)
+
+// Version is set at build time with -ldflags "-X github.com/agent-dev/agent/internal/cli.Version=…".
+var Version = "dev"
+
+const usage = `agent: declarative provisioning for GPU inference hosts
+
+Usage:
+  agent validate PLAN     parse and type-check a plan (no host access)
+  agent plan PLAN         show what apply would change (exit 0 none, 2 changes, 1 error)
+  agent apply PLAN        apply the plan in dependency order, verifying every step
+  agent status PLAN       live state of every resource (exit 0 healthy, 3 degraded)
+  agent fmt [-check] PLAN rewrite plan files in canonical form
+  agent version           print the version
+
+PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN:
+  --state-dir DIR      where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)
+  --json               machine-readable output (plan, apply, status, validate)
+  -var NAME=VALUE      set a variable (repeatable); -var-file FILE (repeatable); AGENT_VAR_NAME in the environment
+  --target ADDR        act on ADDR and what it depends on (repeatable)
+  --parallelism N      resources observed or applied at once (default 4)
+  --lock-timeout DUR   wait this long for another agent's lock (default 0: fail at once)
+  --host-override NAME run a plan guarded for host NAME on this host (migrations)
+  --no-destructive     refuse restarts, replacements and deletions (apply)
+  --log-level LEVEL    debug, info, warn (default), error; logs go to stderr
+
+Docs: docs/plan-language.md, docs/architecture.md.
+`
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch cmd {
+	case "validate", "plan", "apply", "status":
+		return run(ctx, cmd, rest, stdout, stderr)
+	case "fmt":
+		return runFmt(rest, stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintf(stdout, "agent %s\n", Version)
+		return ExitOK
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	}
+	fmt.Fprintf(stderr, "agent: unknown command %q\n\n%s", cmd, usage)
+	return exitUsage
+}
+
+// multi is a repeatable string flag.
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+type options struct {
+	stateDir      string
+	json          bool
+	vars          multi
+	varFiles      multi
+	targets       multi
+	parallelism   int
+	lockTimeout   time.Duration
+	hostOverride  string
+	noDestructive bool
+	logLevel      string
+}
+
+// parseInterleaved parses flags that may come before or after positional arguments, as
+// operators type them (`agent plan plan.hcl --json`).
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("agent "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.stateDir, "state-dir", "", "state directory")
+	fs.BoolVar(&o.json, "json", false, "machine-readable output")
+	fs.Var(&o.vars, "var", "set a variable: NAME=VALUE")
+	fs.Var(&o.varFiles, "var-file", "read variables from a file")
+	fs.Var(&o.targets, "target", "act on this resource and its dependencies")
+	fs.IntVar(&o.parallelism, "parallelism", agent.DefaultParallelism, "resources at once")
+	fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "wait for the state lock")
+	fs.StringVar(&o.hostOverride, "host-override", "", "run a plan guarded for this host name here")
+	fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
+	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) != 1 {
+		fmt.Fprintf(stderr, "agent %s: want exactly one PLAN (a .hcl file or a directory), got %d arguments\n", cmd, len(pos))
+		return exitUsage
+	}
+	if o.parallelism < 1 {
+		fmt.Fprintf(stderr, "agent %s: --parallelism must be at least 1\n", cmd)
+		return exitUsage
+	}
+	log, err := newLogger(stderr, o.logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "agent %s: %v\n", cmd, err)
+		return exitUsage
+	}
+
+	kinds := resources.Kinds()
+	p, diags := plans.Load(pos[0], plans.Options{
+		Schemas:  agent.Schemas(kinds),
+		Vars:     o.vars,
+		VarFiles: o.varFiles,
+		Environ:  os.Environ(),
+	})
+	if !diags.HasErrors() {
+		_, bindDiags := agent.Bind(p, kinds)
+		diags = append(diags, bindDiags...)
+	}
+	var secrets []string
+	if p != nil {
+		secrets = p.Secrets()
+	}
+	red := agent.NewRedactor(secrets)
+	if diags.HasErrors() {
+		return invalid(cmd, p, diags, o.json, stdout, stderr)
+	}
+	if cmd == "validate" {
+		if o.json {
+			agent.WriteJSON(stdout, &agent.JSONOutput{FormatVersion: agent.FormatVersion, Command: cmd, OK: true,
+				Resources: []agent.JSONResource{}, Diagnostics: plans.DiagnosticsJSON(diags)})
+		} else {
+			if len(diags) > 0 {
+				plans.WriteDiagnostics(stderr, p.Files, diags)
+			}
+			fmt.Fprintf(stdout, "The plan is valid: %d resources.\n", len(p.Resources))
+		}
+		return ExitOK
+	}
+
+	fail := func(err error) int {
+		msg := red.String(err.Error())
+		if o.json {
+			agent.WriteJSON(stdout, &agent.JSONOutput{FormatVersion: agent.FormatVersion, Command: cmd, Resources: []agent.JSONResource{}, Error: msg})
+		} else {
+			fmt.Fprintf(stderr, "agent %s: %s\n", cmd, msg)
+		}
+		return ExitError
+	}
+
+	dir := o.stateDir
+	if dir == "" {
+		dir = p.Agent.StateDir
+	}
+	store, err := state.Open(dir)
+	if err != nil {
+		return fail(err)
+	}
+	eng, err := agent.New(p, kinds, store, agent.Options{
+		Parallelism:   o.parallelism,
+		Targets:       o.targets,
+		Log:           log,
+		HostOverride:  o.hostOverride,
+		NoDestructive: o.noDestructive,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if cmd != "status" {
+		lock, err := store.Acquire(ctx, o.lockTimeout, "agent "+cmd+" "+pos[0])
+		if err != nil {
+			return fail(err)
+		}
+		defer lock.Release()
+	}
+
+	view := &agent.View{W: stdout, Redact: red}
+	switch cmd {
+	case "plan":
+		rep := eng.Plan(ctx)
+		if o.json {
+			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+		} else {
+			view.Plan(rep)
+		}
+		switch {
+		case rep.Failed():
+			return ExitError
+		case rep.Changes():
+			return ExitChanges
+		}
+		return ExitOK
+	case "apply":
+		var onEvent func(agent.Event)
+		if !o.json {
+			onEvent = view.ApplyEvent
+		}
+		rep := eng.Apply(ctx, onEvent)
+		if o.json {
+			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+		} else {
+			view.ApplySummary(rep)
+		}
+		if rep.Failed() {
+			return ExitError
+		}
+		return ExitOK
+	case "status":
+		rep := eng.Status(ctx)
+		if o.json {
+			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+		} else {
+			view.Status(rep)
+		}
+		if rep.Failed() {
+			return ExitError
+		}
+		if rep.Degraded() {
+			return ExitDegraded
+		}
+		return ExitOK
+	}
+	return ExitError
+}
+
+func invalid(cmd string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer) int {
+	if asJSON {
+		agent.WriteJSON(stdout, &agent.JSONOutput{FormatVersion: agent.FormatVersion, Command: cmd,
+			Resources: []agent.JSONResource{}, Diagnostics: plans.DiagnosticsJSON(diags)})
+		return ExitError
+	}
+	var files map[string]*hcl.File
+	if p != nil {
+		files = p.Files
+	}
+	plans.WriteDiagnostics(stderr, files, diags)
+	return ExitError
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, errors.New("--log-level: want debug, info, warn or error")
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

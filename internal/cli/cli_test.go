@@ -1,0 +1,61 @@
+package cli
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+
+	"github.com/rogpeppe/go-internal/testscript"
+)
+
+func TestMain(m *testing.M) {
+	testscript.Main(m, map[string]func(){
+		"agent": func() { os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr)) },
+	})
+}
+
+// TestScripts runs the CLI scenarios in testdata/script: each .txtar holds the plans, the
+// commands, and the output and exit codes an operator would see. Run one with
+// go test ./internal/cli -run TestScripts/NAME; add -testwork to keep its directory.
+func TestScripts(t *testing.T) {
+	t.Parallel()
+	testscript.Run(t, testscript.Params{
+		Dir:                 "testdata/script",
+		RequireExplicitExec: true,
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"exits": exitsCmd,
+		},
+		Setup: func(env *testscript.Env) error {
+			env.Setenv("STATE", env.WorkDir+"/state")
+			// Plans in the scripts declare variable "root" and put every managed file
+			// under it: file paths must be absolute, and $WORK differs per run.
+			env.Setenv("AGENT_VAR_root", env.WorkDir+"/root")
+			return nil
+		},
+	})
+}
+
+// exitsCmd is `exits N program args...`: run the program like exec and require exit code
+// N, so scripts can tell plan's 2 (changes) from 1 (error) and status's 3 (degraded).
+func exitsCmd(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: exits CODE program [args...]")
+	}
+	want, err := strconv.Atoi(args[0])
+	if err != nil {
+		ts.Fatalf("exits: %v", err)
+	}
+	got := 0
+	if err := ts.Exec(args[1], args[2:]...); err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			ts.Fatalf("exits: %v", err)
+		}
+		got = ee.ExitCode()
+	}
+	if got != want {
+		ts.Fatalf("exit code %d, want %d", got, want)
+	}
+}

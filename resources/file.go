@@ -1,0 +1,326 @@
+package resources
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/atomicfile"
+	"github.com/agent-dev/agent/internal/textdiff"
+	"github.com/agent-dev/agent/plans"
+)
+
+// FileConfig is the `file` block.
+type FileConfig struct {
+	Path      string  `hcl:"path"`
+	Content   *string `hcl:"content,optional"`
+	Source    *string `hcl:"source,optional"`
+	Mode      *string `hcl:"mode,optional"`
+	Owner     *string `hcl:"owner,optional"`
+	Group     *string `hcl:"group,optional"`
+	Ensure    *string `hcl:"ensure,optional"`
+	Sensitive *bool   `hcl:"sensitive,optional"`
+}
+
+// File is a regular file on the host: a nouveau blacklist, a token, a unit file.
+//
+// Unset mode, owner and group are not managed on an existing file; a new file gets
+// mode 0644 and the agent's owner. The content comes from `content` or from `source`, a
+// local file read at plan time (relative to the plan's directory).
+type File struct {
+	addr      string
+	path      string
+	absent    bool
+	content   []byte
+	source    string // when content comes from a file, read at Check time
+	mode      *fs.FileMode
+	owner     string
+	group     string
+	sensitive bool
+}
+
+var _ agent.Resource = (*File)(nil)
+
+// FileKind is the `file` resource kind.
+func FileKind() agent.Kind {
+	return agent.NewKind("file", bindFile)
+}
+
+func bindFile(r *plans.Resource, c *FileConfig) (agent.Resource, hcl.Diagnostics) {
+	var diags hcl.Diagnostics
+	bad := func(attr, summary, detail string) {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Range(attr).Ptr()})
+	}
+	f := &File{addr: r.Addr, path: c.Path, owner: deref(c.Owner), group: deref(c.Group)}
+	f.sensitive = deref(c.Sensitive) || r.Sensitive["content"] || r.Sensitive["source"]
+	if !filepath.IsAbs(c.Path) {
+		bad("path", "Relative file path", fmt.Sprintf("path %q must be absolute: the agent's working directory is not part of the plan.", c.Path))
+	} else if filepath.Clean(c.Path) != c.Path {
+		bad("path", "Unclean file path", fmt.Sprintf("write path as %q.", filepath.Clean(c.Path)))
+	}
+	switch e := deref(c.Ensure); e {
+	case "", "present":
+	case "absent":
+		f.absent = true
+	default:
+		bad("ensure", "Invalid ensure", fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e))
+	}
+	switch {
+	case f.absent && (c.Content != nil || c.Source != nil):
+		bad("ensure", "Content for an absent file", "An absent file has no content or source; remove them or ensure = \"present\".")
+	case !f.absent && c.Content != nil && c.Source != nil:
+		bad("source", "Both content and source", "Give the file's content inline (content) or from a local file (source), not both.")
+	case !f.absent && c.Content == nil && c.Source == nil:
+		bad("path", "No content", "A file needs content = \"…\" or source = \"local/path\" (or ensure = \"absent\").")
+	case c.Content != nil:
+		f.content = []byte(*c.Content)
+	case c.Source != nil:
+		f.source = *c.Source
+		if !filepath.IsAbs(f.source) {
+			f.source = filepath.Join(r.Dir(), f.source)
+		}
+	}
+	if c.Mode != nil {
+		m, err := strconv.ParseUint(*c.Mode, 8, 32)
+		if err != nil || m > 0o7777 {
+			bad("mode", "Invalid mode", fmt.Sprintf("mode %q is not an octal permission such as \"0644\".", *c.Mode))
+		} else {
+			fm := octalMode(uint32(m))
+			f.mode = &fm
+		}
+	}
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	return f, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// fileDetail is what Check found, for Apply.
+type fileDetail struct {
+	write   bool // content differs or the file is missing
+	content []byte
+	chmod   *fs.FileMode
+	uid     int // -1: leave
+	gid     int
+	remove  bool
+}
+
+// Check observes the file and compares it with the plan.
+func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	st, err := os.Lstat(f.path)
+	exists := err == nil
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if exists && !st.Mode().IsRegular() {
+		what := "a directory"
+		if st.Mode()&fs.ModeSymlink != 0 {
+			target, _ := os.Readlink(f.path)
+			what = "a symlink to " + target
+		} else if !st.IsDir() {
+			what = "not a regular file (" + st.Mode().Type().String() + ")"
+		}
+		return nil, fmt.Errorf("%s is %s; the file resource manages regular files only: move it aside, or point path elsewhere", f.path, what)
+	}
+	if f.absent {
+		if !exists {
+			return agent.NoChange(), nil
+		}
+		d := &agent.Diff{Action: agent.Delete, Detail: &fileDetail{remove: true}}
+		d.Add(agent.Removed("path", f.path))
+		return d, nil
+	}
+
+	want := f.content
+	if f.source != "" {
+		want, err = os.ReadFile(f.source)
+		if err != nil {
+			return nil, fmt.Errorf("source: %w", err)
+		}
+	}
+	uid, gid, err := f.ids()
+	if err != nil {
+		return nil, err
+	}
+	det := &fileDetail{content: want, uid: -1, gid: -1}
+	d := &agent.Diff{Action: agent.Update, Detail: det}
+	if !exists {
+		d.Action = agent.Create
+		det.write = true
+		mode := fs.FileMode(0o644)
+		if f.mode != nil {
+			mode = *f.mode
+		}
+		det.chmod = &mode
+		det.uid, det.gid = uid, gid
+		d.Add(agent.Added("path", f.path))
+		d.Add(agent.Added("mode", fmtMode(mode)))
+		if f.owner != "" {
+			d.Add(agent.Added("owner", f.owner))
+		}
+		if f.group != "" {
+			d.Add(agent.Added("group", f.group))
+		}
+		c := agent.Added("content", fmt.Sprintf("%d bytes", len(want)))
+		c.New = fmt.Sprintf("(%d bytes)", len(want))
+		c.Sensitive = f.sensitive
+		c.Text = textdiff.Unified(f.path, nil, want)
+		d.Add(c)
+		return d, nil
+	}
+
+	have, err := os.ReadFile(f.path)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(have, want) {
+		det.write = true
+		c := agent.Change{Attr: "content", HasOld: true, HasNew: true,
+			Old: fmt.Sprintf("(%d bytes)", len(have)), New: fmt.Sprintf("(%d bytes)", len(want)), Sensitive: f.sensitive}
+		c.Text = textdiff.Unified(f.path, have, want)
+		d.Add(c)
+	}
+	perm := st.Mode().Perm() | st.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)
+	if f.mode != nil && modeBits(perm) != modeBits(*f.mode) {
+		det.chmod = f.mode
+		d.Add(agent.Set("mode", fmtMode(perm), fmtMode(*f.mode)))
+	} else if det.write {
+		det.chmod = &perm // a rewrite keeps the current mode
+	}
+	sys, _ := st.Sys().(*syscall.Stat_t)
+	if sys != nil && uid >= 0 && int(sys.Uid) != uid {
+		det.uid = uid
+		d.Add(agent.Set("owner", userName(int(sys.Uid)), f.owner))
+	}
+	if sys != nil && gid >= 0 && int(sys.Gid) != gid {
+		det.gid = gid
+		d.Add(agent.Set("group", groupName(int(sys.Gid)), f.group))
+	}
+	if det.write && sys != nil {
+		// A rewrite creates a new inode: carry the current owner over unless it changes.
+		if det.uid < 0 {
+			det.uid = int(sys.Uid)
+		}
+		if det.gid < 0 {
+			det.gid = int(sys.Gid)
+		}
+	}
+	if len(d.Changes) == 0 {
+		return agent.NoChange(), nil
+	}
+	return d, nil
+}
+
+// Apply writes, re-permissions, re-owns or removes the file as Check decided.
+func (f *File) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+	det := d.Detail.(*fileDetail)
+	switch {
+	case det.remove:
+		return atomicfile.Remove(f.path)
+	case det.write:
+		dir := filepath.Dir(f.path)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		return atomicfile.Write(f.path, det.content, atomicfile.Options{Mode: *det.chmod, UID: det.uid, GID: det.gid})
+	}
+	if det.chmod != nil {
+		if err := os.Chmod(f.path, *det.chmod); err != nil {
+			return err
+		}
+	}
+	if det.uid >= 0 || det.gid >= 0 {
+		if err := os.Lchown(f.path, det.uid, det.gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ids resolves owner and group (names or numbers); -1 when not managed.
+func (f *File) ids() (uid, gid int, err error) {
+	uid, gid = -1, -1
+	if f.owner != "" {
+		if n, err := strconv.Atoi(f.owner); err == nil {
+			uid = n
+		} else if u, err := user.Lookup(f.owner); err == nil {
+			uid, _ = strconv.Atoi(u.Uid)
+		} else {
+			return 0, 0, fmt.Errorf("owner %q: no such user on this host", f.owner)
+		}
+	}
+	if f.group != "" {
+		if n, err := strconv.Atoi(f.group); err == nil {
+			gid = n
+		} else if g, err := user.LookupGroup(f.group); err == nil {
+			gid, _ = strconv.Atoi(g.Gid)
+		} else {
+			return 0, 0, fmt.Errorf("group %q: no such group on this host", f.group)
+		}
+	}
+	return uid, gid, nil
+}
+
+func modeBits(m fs.FileMode) uint32 {
+	b := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		b |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		b |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		b |= 0o1000
+	}
+	return b
+}
+
+// octalMode converts chmod(1)-style bits to an fs.FileMode, whose setuid, setgid and
+// sticky bits are flags rather than the octal 4000, 2000, 1000.
+func octalMode(b uint32) fs.FileMode {
+	m := fs.FileMode(b & 0o777)
+	if b&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	if b&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if b&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
+
+func fmtMode(m fs.FileMode) string { return fmt.Sprintf("%04o", modeBits(m)) }
+
+func userName(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		return u.Username
+	}
+	return strconv.Itoa(uid)
+}
+
+func groupName(gid int) string {
+	if g, err := user.LookupGroupId(strconv.Itoa(gid)); err == nil {
+		return g.Name
+	}
+	return strconv.Itoa(gid)
+}
