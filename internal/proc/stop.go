@@ -1,0 +1,393 @@
+package proc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DefaultKillWait bounds the wait after SIGKILL when Target.KillWait is zero.
+// A process in uninterruptible sleep (a GPU driver call) can outlive SIGKILL
+// for a while; past this bound Stop reports it rather than waiting forever.
+const DefaultKillWait = 5 * time.Second
+
+// pollInterval is how often Stop and PortFree look again.
+const pollInterval = 25 * time.Millisecond
+
+// rescans bounds how often Stop looks for processes forked after its first
+// snapshot before it gives up on the set ever settling.
+const rescans = 3
+
+var (
+	// ErrSurvived is wrapped when a process outlives SIGKILL and the wait
+	// after it.
+	ErrSurvived = errors.New("processes survived SIGKILL")
+	// ErrForeignRoot is wrapped when Stop is asked to signal PIDs read from a
+	// procfs that is not the caller's own: the numbers would name strangers.
+	ErrForeignRoot = errors.New("proc root is not this process's PID namespace")
+	// ErrUnsafeTarget is wrapped when a target would take the agent itself,
+	// its ancestors or PID 1 with it.
+	ErrUnsafeTarget = errors.New("unsafe stop target")
+)
+
+// Target is what Stop stops: a launched server, named as the launcher
+// recorded it.
+type Target struct {
+	// Leader is the process the agent launched.
+	Leader Identity
+	// PGID is the leader's process group (the launcher sets Setpgid, so it is
+	// usually Leader.PID). The signal goes to the whole group with
+	// kill(-PGID), which also reaches members forked after the snapshot.
+	// Zero means the leader has no group of its own to signal.
+	PGID int
+	// SID, when not zero, adds every process of that session (for a leader
+	// launched with Setsid).
+	SID int
+	// Marker, when not empty, is an exact KEY=VALUE entry the launcher put
+	// in the leader's environment; every process that carries it is part of
+	// the set. It is the one trace left by a descendant that called setsid
+	// and whose parent exited: it is neither in the group nor in the tree.
+	Marker string
+	// KillWait bounds the wait after SIGKILL; zero means DefaultKillWait.
+	KillWait time.Duration
+}
+
+// Report says what Stop did and what it verified. Every identity in
+// Exited and Killed was seen gone: absent, a zombie, or its PID reused.
+type Report struct {
+	Signal syscall.Signal
+	// LeaderGone is set when the leader was already gone (or its PID held by
+	// another process) before anything was signalled.
+	LeaderGone bool
+	// Targets is every process the stop was aimed at, in the order found.
+	Targets []Identity
+	// Exited went away after the first signal, within the timeout.
+	Exited []Identity
+	// Killed needed SIGKILL, and are verified gone.
+	Killed []Identity
+	// Survivors are still alive after SIGKILL; Stop returns an error then.
+	Survivors []Identity
+	// Elapsed is the time from the first look to the last verification.
+	Elapsed time.Duration
+}
+
+// Stop stops the target and proves it: it snapshots the set to stop (the
+// leader, its process group, its session, processes carrying the marker, and
+// every descendant of those, each as an Identity), sends sig to the group and
+// to each member outside it, waits up to timeout for all to be gone, then
+// SIGKILLs the survivors and anything forked meanwhile, and waits again up to
+// t.KillWait. It returns an error wrapping ErrSurvived, naming the PIDs and
+// their command lines, when something outlives SIGKILL; a cancelled ctx
+// returns its error with the report so far. Nothing is ever signalled whose
+// start time differs from the one seen in the snapshot, and nothing is chosen
+// by name. A leader that is already gone is not an error: its leftovers are
+// still stopped, and the report says so.
+func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout time.Duration) (Report, error) {
+	start := time.Now()
+	rep := Report{Signal: sig}
+	done := func(err error) (Report, error) {
+		rep.Elapsed = time.Since(start)
+		return rep, err
+	}
+
+	if err := fs.checkTarget(t); err != nil {
+		return done(err)
+	}
+	g, err := fs.guard(t)
+	if err != nil {
+		return done(err)
+	}
+	first, err := fs.snapshot(t, g, nil)
+	if err != nil {
+		return done(fmt.Errorf("stop %v: %w", t.Leader, err))
+	}
+	stats := make(map[Identity]Stat, len(first))
+	for _, s := range first {
+		stats[s.Identity()] = s
+		rep.Targets = append(rep.Targets, s.Identity())
+	}
+	if _, ok := stats[t.Leader]; !ok {
+		rep.LeaderGone = true
+	}
+	if len(first) == 0 {
+		return done(nil)
+	}
+
+	sendErr := fs.send(t, first, sig)
+	pending, waitErr := fs.waitGone(ctx, rep.Targets, timeout)
+	for _, id := range rep.Targets {
+		if !slices.Contains(pending, id) {
+			rep.Exited = append(rep.Exited, id)
+		}
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		rep.Survivors = pending
+		return done(fmt.Errorf("stop %v: %d of %d processes left after %s: %w", t.Leader, len(pending), len(rep.Targets), sig, ctxErr))
+	}
+
+	// Escalate, and look again each round: a member may have forked during
+	// the grace period or while dying, and those children must not outlive
+	// the stop. Anything found late gets SIGKILL straight away. The loop
+	// ends when a fresh look finds nothing new and nothing left.
+	killWait := t.KillWait
+	if killWait <= 0 {
+		killWait = DefaultKillWait
+	}
+	for round := 0; round <= rescans; round++ {
+		more, err := fs.snapshot(t, g, stats)
+		if err != nil {
+			rep.Survivors = pending
+			return done(fmt.Errorf("stop %v: %w", t.Leader, err))
+		}
+		for _, s := range more {
+			if _, ok := stats[s.Identity()]; !ok {
+				stats[s.Identity()] = s
+				rep.Targets = append(rep.Targets, s.Identity())
+				pending = append(pending, s.Identity())
+			}
+		}
+		if len(pending) == 0 {
+			break
+		}
+		victims := make([]Stat, 0, len(pending))
+		for _, id := range pending {
+			victims = append(victims, stats[id])
+		}
+		sendErr = errors.Join(sendErr, fs.send(t, victims, syscall.SIGKILL))
+		var left []Identity
+		left, waitErr = fs.waitGone(ctx, pending, killWait)
+		for _, id := range pending {
+			if !slices.Contains(left, id) {
+				rep.Killed = append(rep.Killed, id)
+			}
+		}
+		pending = left
+		if ctx.Err() != nil || len(pending) > 0 {
+			break // what is left outlived SIGKILL; looking again will not help
+		}
+	}
+	rep.Survivors = pending
+	if len(pending) == 0 {
+		return done(nil)
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return done(fmt.Errorf("stop %v: %d processes left after SIGKILL: %s: %w", t.Leader, len(pending), fs.describe(pending), ctxErr))
+	}
+	if cause := errors.Join(sendErr, waitErr); cause != nil {
+		return done(fmt.Errorf("stop %v: %w: %s (%w)", t.Leader, ErrSurvived, fs.describe(pending), cause))
+	}
+	return done(fmt.Errorf("stop %v: %w: %s", t.Leader, ErrSurvived, fs.describe(pending)))
+}
+
+// describe names each process with its state and command line, which is
+// what an operator needs to decide what to do about a survivor.
+func (fs FS) describe(ids []Identity) string {
+	parts := make([]string, 0, len(ids))
+	for _, id := range ids {
+		desc := fmt.Sprintf("pid %d", id.PID)
+		if s, err := fs.Stat(id.PID); err == nil {
+			desc += fmt.Sprintf(" state %c", s.State)
+		}
+		if argv, err := fs.Cmdline(id.PID); err == nil && len(argv) > 0 {
+			desc += " " + strconv.Quote(strings.Join(argv, " "))
+		}
+		parts = append(parts, desc)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (fs FS) checkTarget(t Target) error {
+	switch {
+	case t.Leader.PID <= 1:
+		return fmt.Errorf("%w: leader pid %d", ErrUnsafeTarget, t.Leader.PID)
+	case t.PGID < 0 || t.PGID == 1:
+		return fmt.Errorf("%w: process group %d", ErrUnsafeTarget, t.PGID)
+	case t.SID < 0 || t.SID == 1:
+		return fmt.Errorf("%w: session %d", ErrUnsafeTarget, t.SID)
+	case t.Marker != "" && !strings.Contains(t.Marker, "="):
+		return fmt.Errorf("%w: marker %q is not KEY=VALUE", ErrUnsafeTarget, t.Marker)
+	}
+	return fs.checkRoot()
+}
+
+// checkRoot makes sure PIDs read under the root are PIDs in this process's
+// own namespace, the only ones kill(2) understands: its self link must name
+// this process.
+func (fs FS) checkRoot() error {
+	self, err := os.Readlink(fs.path("self"))
+	if err != nil || self != strconv.Itoa(os.Getpid()) {
+		return fmt.Errorf("%w: %s/self is %q, this process is %d", ErrForeignRoot, fs.root(), self, os.Getpid())
+	}
+	return nil
+}
+
+// guard is the set of processes a stop must never touch: the caller, its
+// ancestors (a shell or a systemd unit), and PID 1.
+type guard map[int]bool
+
+func (fs FS) guard(t Target) (guard, error) {
+	all, err := fs.All()
+	if err != nil {
+		return nil, err
+	}
+	byPID := make(map[int]Stat, len(all))
+	for _, s := range all {
+		byPID[s.PID] = s
+	}
+	g := guard{1: true}
+	for pid := os.Getpid(); pid > 0 && !g[pid]; {
+		g[pid] = true
+		s, ok := byPID[pid]
+		if !ok {
+			break
+		}
+		if t.PGID != 0 && s.PGRP == t.PGID {
+			return nil, fmt.Errorf("%w: process group %d holds this process or its ancestor %d", ErrUnsafeTarget, t.PGID, pid)
+		}
+		if t.SID != 0 && s.Session == t.SID {
+			return nil, fmt.Errorf("%w: session %d holds this process or its ancestor %d", ErrUnsafeTarget, t.SID, pid)
+		}
+		pid = s.PPID
+	}
+	return g, nil
+}
+
+// snapshot returns the live processes that make up the target, each once.
+// known identities that are still alive are roots too, so children forked
+// by a member after the first snapshot are found even when the leader is
+// gone.
+func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error) {
+	all, err := fs.All()
+	if err != nil {
+		return nil, err
+	}
+	byPID := make(map[int]Stat, len(all))
+	for _, s := range all {
+		byPID[s.PID] = s
+	}
+	// A group or session ID equal to the leader's PID is ours only while
+	// that PID is not held by a different live process: if it is, the
+	// leader's group died out and the number now names someone else's.
+	// Members of our group started no earlier than the leader.
+	ours := func(id int) bool {
+		if id != t.Leader.PID {
+			return true
+		}
+		s, ok := byPID[id]
+		return !ok || s.Dead() || s.StartTicks == t.Leader.StartTicks
+	}
+	groupOK := t.PGID != 0 && ours(t.PGID)
+	sessionOK := t.SID != 0 && ours(t.SID)
+	member := func(s Stat) bool {
+		if s.Dead() || g[s.PID] {
+			return false
+		}
+		if _, ok := known[s.Identity()]; ok || s.Identity() == t.Leader {
+			return true
+		}
+		started := t.PGID != t.Leader.PID || s.StartTicks >= t.Leader.StartTicks
+		if groupOK && s.PGRP == t.PGID && started {
+			return true
+		}
+		started = t.SID != t.Leader.PID || s.StartTicks >= t.Leader.StartTicks
+		if sessionOK && s.Session == t.SID && started {
+			return true
+		}
+		if t.Marker != "" {
+			env, err := fs.Environ(s.PID)
+			// Unreadable or vanished: not provably ours, and a process
+			// that vanished needs no stopping.
+			return err == nil && slices.Contains(env, t.Marker)
+		}
+		return false
+	}
+	var set []Stat
+	var roots []int
+	for _, s := range all {
+		if member(s) {
+			set = append(set, s)
+			roots = append(roots, s.PID)
+		}
+	}
+	for _, s := range Descendants(all, roots...) {
+		if !s.Dead() && !g[s.PID] {
+			set = append(set, s)
+		}
+	}
+	return set, nil
+}
+
+// send delivers sig to the target's process group and to every member of
+// set outside it. The group signal goes out only while a member of the
+// group is verified alive as itself, which keeps the group ID from having
+// been recycled.
+func (fs FS) send(t Target, set []Stat, sig syscall.Signal) error {
+	var errs []error
+	groupSent := false
+	if t.PGID != 0 {
+		for _, s := range set {
+			if s.PGRP != t.PGID {
+				continue
+			}
+			if alive, err := fs.Alive(s.Identity()); err != nil || !alive {
+				continue
+			}
+			err := syscall.Kill(-t.PGID, sig)
+			if err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("signal %s to process group %d: %w", sig, t.PGID, err))
+			}
+			groupSent = err == nil
+			break
+		}
+	}
+	for _, s := range set {
+		if groupSent && s.PGRP == t.PGID {
+			continue
+		}
+		if _, err := fs.Signal(s.Identity(), sig); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitGone polls until every identity is gone, the wait d is over or ctx is
+// done, and returns those still alive. An identity whose state cannot be
+// read counts as alive: gone must be seen, not assumed.
+func (fs FS) waitGone(ctx context.Context, ids []Identity, d time.Duration) ([]Identity, error) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	pending := slices.Clone(ids)
+	for {
+		var lastErr error
+		left := pending[:0]
+		for _, id := range pending {
+			alive, err := fs.Alive(id)
+			if err != nil {
+				lastErr = err
+			}
+			if alive || err != nil {
+				left = append(left, id)
+			}
+		}
+		pending = left
+		if len(pending) == 0 {
+			return nil, nil
+		}
+		select {
+		case <-ctx.Done():
+			return pending, lastErr
+		case <-timer.C:
+			return pending, lastErr
+		case <-tick.C:
+		}
+	}
+}
