@@ -1,0 +1,33 @@
+// Command fake-sglang stands in for `python3 -m sglang.launch_server` where
+// there is no GPU and no network: in the agent's tests and its quickstart.
+//
+// The agent judges a server by its process tree, its port, its HTTP endpoints
+// and its log, so the fake is faithful in exactly those: it parses SGLang's
+// launch flags the way argparse does (unknown flag: usage + error, exit 2),
+// prints SGLang's real startup, batch and failure lines with the
+// "[2026-05-01 12:00:00 TP0] " prefix, serves /health (503 until ready),
+// /v1/models, /v1/chat/completions and, with --enable-metrics, /metrics with
+// sglang: names, and exits on SIGTERM within milliseconds.
+//
+// Build: go build -o fake-sglang ./internal/fakesglang
+//
+// Misbehaviour on command, through FAKE_SGLANG (comma-separated):
+//
+//	slow-start=DUR   wait DUR while "loading weights" before ready (/health 503)
+//	oom              die with torch's "CUDA out of memory" traceback, exit 1
+//	oom=kv           die with "Not enough memory. Please try to increase --mem-fraction-static."
+//	cuda-graph-fail  die with "Capture cuda graph failed", exit 1
+//	exit-on-start    die within a second with "No CUDA GPUs are available", exit 1
+//	crash-after=DUR  once ready for DUR, "Scheduler hit an exception", exit 1
+//	ignore-sigterm   ignore SIGTERM (children too); only SIGKILL ends it
+//	children=N       start N child processes that outlive a SIGKILLed parent
+//	setsid-child     start one child in its own session (out of the process group)
+//	hold-port        a child inherits the listening socket and keeps the port bound
+//	loop             chat answers loop a sentence unless presence_penalty > 0
+//	hybrid           print the hybrid (mamba) decode line form
+//
+// FAKE_SGLANG_DECODE_INTERVAL (Go duration, default 1s, 0 = never) paces the
+// periodic "Decode batch, ..." line; one is also printed after each chat
+// request. Children are the same binary re-executed with FAKE_SGLANG_ROLE set;
+// they keep the parent's argv, as SGLang's scheduler processes do.
+package main

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// faults is the misbehaviour FAKE_SGLANG asks for.
+type faults struct {
+	slowStart     time.Duration
+	oom           string // "", "cuda" or "kv"
+	cudaGraphFail bool
+	exitOnStart   bool
+	crashAfter    time.Duration
+	ignoreSIGTERM bool
+	children      int
+	setsidChild   bool
+	holdPort      bool
+	loop          bool
+	hybrid        bool
+}
+
+func parseFaults(s string) (faults, error) {
+	var f faults
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		key, val, _ := strings.Cut(item, "=")
+		var err error
+		switch key {
+		case "slow-start":
+			f.slowStart, err = time.ParseDuration(val)
+		case "oom":
+			switch val {
+			case "", "cuda":
+				f.oom = "cuda"
+			case "kv":
+				f.oom = "kv"
+			default:
+				err = fmt.Errorf("want oom, oom=cuda or oom=kv")
+			}
+		case "cuda-graph-fail":
+			f.cudaGraphFail = true
+		case "exit-on-start":
+			f.exitOnStart = true
+		case "crash-after":
+			f.crashAfter, err = time.ParseDuration(val)
+		case "ignore-sigterm":
+			f.ignoreSIGTERM = true
+		case "children":
+			f.children, err = strconv.Atoi(val)
+			if err == nil && (f.children < 0 || f.children > 64) {
+				err = fmt.Errorf("want 0..64")
+			}
+		case "setsid-child":
+			f.setsidChild = true
+		case "hold-port":
+			f.holdPort = true
+		case "loop":
+			f.loop = true
+		case "hybrid":
+			f.hybrid = true
+		default:
+			err = fmt.Errorf("unknown fault")
+		}
+		if err != nil {
+			return f, fmt.Errorf("FAKE_SGLANG item %q: %w", item, err)
+		}
+	}
+	return f, nil
+}

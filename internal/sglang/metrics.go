@@ -1,0 +1,157 @@
+package sglang
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Metrics is the latest serving state seen, either over a stream of log
+// lines (Update) or in one /metrics scrape (ParsePrometheus). A nil field was
+// never reported. The zero value is ready to use; it is not safe for
+// concurrent use.
+type Metrics struct {
+	RunningReqs     *int
+	QueueReqs       *int
+	Tokens          *int     // #token, or #full token on hybrid models
+	TokenUsage      *float64 // token usage, or full token usage on hybrid models
+	MambaUsage      *float64
+	SWATokenUsage   *float64
+	AcceptLen       *float64
+	AcceptRate      *float64
+	CUDAGraph       *bool
+	GenThroughput   *float64
+	InputThroughput *float64
+
+	// From /metrics only: lifetime counters and the prefix cache hit rate.
+	CacheHitRate     *float64
+	PromptTokens     *float64 // sglang:prompt_tokens_total
+	GenerationTokens *float64 // sglang:generation_tokens_total
+	Requests         *float64 // sglang:num_requests_total
+
+	// From logs only.
+	Lines        int       // lines seen
+	Events       int       // Prefill/Decode batch lines seen
+	LastLineTime time.Time // time of the newest prefixed line
+	LastEvent    time.Time // time of the newest batch line
+	Ready        bool      // ReadyLine seen
+	ReadyAt      time.Time
+	ListenURL    string // from "Uvicorn running on http://..."
+}
+
+// Update folds one log line into m, reading its time as local time.
+func (m *Metrics) Update(line string) {
+	m.UpdateIn(line, time.Local)
+}
+
+// UpdateIn is Update with the prefix time read in loc.
+func (m *Metrics) UpdateIn(line string, loc *time.Location) {
+	m.Lines++
+	p, msg, ok := SplitPrefix(strings.TrimRight(line, "\r\n"), loc)
+	if ok {
+		m.LastLineTime = p.Time
+	}
+	if strings.Contains(msg, ReadyLine) {
+		m.Ready = true
+		m.ReadyAt = p.Time
+	}
+	if i := strings.Index(msg, "Uvicorn running on "); i >= 0 {
+		u := msg[i+len("Uvicorn running on "):]
+		if sp := strings.IndexByte(u, ' '); sp >= 0 {
+			u = u[:sp]
+		}
+		m.ListenURL = u
+	}
+	ev, ok := ParseLineIn(line, loc)
+	if !ok {
+		return
+	}
+	m.Apply(ev)
+}
+
+// Apply folds a parsed event into m: every field the event carries replaces
+// the value m held.
+func (m *Metrics) Apply(ev Event) {
+	m.Events++
+	if !ev.Time.IsZero() {
+		m.LastEvent = ev.Time
+	}
+	keepInt(&m.RunningReqs, ev.RunningReqs)
+	keepInt(&m.QueueReqs, ev.QueueReqs)
+	keepInt(&m.Tokens, ev.Tokens)
+	keepInt(&m.Tokens, ev.FullTokens)
+	keepFloat(&m.TokenUsage, ev.TokenUsage)
+	keepFloat(&m.TokenUsage, ev.FullTokenUsage)
+	keepFloat(&m.MambaUsage, ev.MambaUsage)
+	keepFloat(&m.SWATokenUsage, ev.SWATokenUsage)
+	keepFloat(&m.AcceptLen, ev.AcceptLen)
+	keepFloat(&m.AcceptRate, ev.AcceptRate)
+	if ev.CUDAGraph != nil {
+		b := *ev.CUDAGraph
+		m.CUDAGraph = &b
+	}
+	keepFloat(&m.GenThroughput, ev.GenThroughput)
+	keepFloat(&m.InputThroughput, ev.InputThroughput)
+}
+
+func keepInt(dst **int, v *int) {
+	if v != nil {
+		n := *v
+		*dst = &n
+	}
+}
+
+func keepFloat(dst **float64, v *float64) {
+	if v != nil {
+		f := *v
+		*dst = &f
+	}
+}
+
+// maxLine bounds one log line; SGLang's server_args line runs to a few KiB,
+// tracebacks and tqdm bars can be long.
+const maxLine = 1 << 20
+
+// ScanMetrics reads a whole log and returns the latest state it shows. It
+// stops with ctx's error when ctx is done. Lines longer than 1 MiB are
+// skipped, not an error.
+func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
+	var m Metrics
+	err := scanLines(ctx, r, func(line string) { m.Update(line) })
+	return m, err
+}
+
+// scanLines calls fn for every line of r, tolerating overlong lines.
+func scanLines(ctx context.Context, r io.Reader, fn func(string)) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var long bool
+	var buf []byte
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("scan sglang log: %w", err)
+		}
+		chunk, isPrefix, err := br.ReadLine()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("scan sglang log: %w", err)
+		}
+		if !long {
+			buf = append(buf, chunk...)
+			if len(buf) > maxLine {
+				long, buf = true, buf[:0]
+			}
+		}
+		if isPrefix {
+			continue
+		}
+		if !long {
+			fn(string(buf))
+		}
+		long, buf = false, buf[:0]
+	}
+}
