@@ -1,0 +1,9 @@
+//go:build !cgo
+
+package gpu
+
+// Default returns the Observer the agent uses. Built without cgo there is no
+// NVML, so it is ProcFS under root; Info.Source is SourceProcFS.
+func Default(root string) Observer {
+	return ProcFS{Root: root}
+}
