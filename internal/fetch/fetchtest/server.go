@@ -1,0 +1,328 @@
+package fetchtest
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Fault describes how a path misbehaves. The transient faults (DropAfter, Truncate, Corrupt,
+// Stall, Gzip) apply to the first Times GET requests of the path after SetFault (every GET
+// when Times is 0); the others are properties of the server and always apply.
+type Fault struct {
+	// Times limits the transfer faults to the first Times GET requests; 0 means all.
+	Times int
+
+	// DropAfter > 0 aborts the connection after this many body bytes of a response.
+	DropAfter int64
+	// IgnoreRange answers 200 with the whole body even when a range was asked for, while
+	// still advertising Accept-Ranges (always on, not limited by Times).
+	IgnoreRange bool
+	// Truncate > 0 makes the response lie: Content-Length says Truncate (or less) and only
+	// that many bytes are sent, while Content-Range, if any, still claims the full range.
+	Truncate int64
+	// Corrupt flips one byte of the body (same length, same ETag).
+	Corrupt bool
+	// Stall > 0 stops sending for Stall after StallAfter body bytes (or until the client
+	// goes away).
+	Stall      time.Duration
+	StallAfter int64
+	// Gzip encodes the body with Content-Encoding: gzip whatever the client asked for.
+	Gzip bool
+
+	// ChangeAfter > 0 replaces the content with Next (and a new ETag) once ChangeAfter GET
+	// requests have been served.
+	ChangeAfter int
+	Next        []byte
+	// IgnoreIfRange serves the asked range even when If-Range names an older ETag.
+	IgnoreIfRange bool
+
+	// RedirectTo, when set, answers every request that passes the Authorization checks
+	// with 302 to RedirectTo + the path.
+	RedirectTo string
+	// RequireAuth answers 401 unless the Authorization header equals it.
+	RequireAuth string
+	// DenyAuth answers 403 to any request that carries an Authorization header.
+	DenyAuth bool
+}
+
+// Stats counts what a path was asked for and what it sent.
+type Stats struct {
+	Requests  int   // all requests
+	GETs      int   // GET requests
+	HEADs     int   // HEAD requests
+	RangeGETs int   // GET requests with a Range header
+	AuthSeen  int   // requests that carried an Authorization header
+	BytesSent int64 // body bytes written to clients
+}
+
+type entry struct {
+	content []byte
+	etag    string
+	fault   Fault
+	faulted int // GETs served since SetFault
+	swapped bool
+	stats   Stats
+}
+
+// Server is an httptest server over in-memory files. Its methods are safe for concurrent use.
+type Server struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	files map[string]*entry
+}
+
+// NewServer starts a server on a loopback address. Close it when done.
+func NewServer() *Server {
+	s := &Server{files: make(map[string]*entry)}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	return s
+}
+
+// Close shuts the server down, interrupting stalled responses.
+func (s *Server) Close() {
+	s.srv.CloseClientConnections()
+	s.srv.Close()
+}
+
+// URL returns the URL of path (which starts with "/"), or the base URL for "".
+func (s *Server) URL(path string) string { return s.srv.URL + path }
+
+// Set serves content at path with an ETag derived from it, keeping any fault.
+func (s *Server) Set(path string, content []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.files[path]
+	if e == nil {
+		e = &entry{}
+		s.files[path] = e
+	}
+	e.content = content
+	e.etag = ETag(content)
+}
+
+// SetFault sets the fault of path and restarts its Times count.
+func (s *Server) SetFault(path string, f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.files[path]
+	if e == nil {
+		e = &entry{}
+		s.files[path] = e
+	}
+	e.fault = f
+	e.faulted = 0
+	e.swapped = false
+}
+
+// Stats returns the counters of path.
+func (s *Server) Stats(path string) Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.files[path]; e != nil {
+		return e.stats
+	}
+	return Stats{}
+}
+
+// ETag is the strong ETag the server gives content.
+func ETag(content []byte) string {
+	sum := sha256.Sum256(content)
+	return `"` + hex.EncodeToString(sum[:8]) + `"`
+}
+
+// plan is what one request will get, decided under the lock.
+type plan struct {
+	content []byte
+	etag    string
+	fault   Fault // transfer faults zeroed when they do not apply
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	e := s.files[r.URL.Path]
+	if e == nil {
+		s.mu.Unlock()
+		http.NotFound(w, r)
+		return
+	}
+	e.stats.Requests++
+	if r.Header.Get("Authorization") != "" {
+		e.stats.AuthSeen++
+	}
+	f := e.fault
+	if f.DenyAuth && r.Header.Get("Authorization") != "" {
+		s.mu.Unlock()
+		http.Error(w, "authorization not accepted here", http.StatusForbidden)
+		return
+	}
+	if f.RequireAuth != "" && r.Header.Get("Authorization") != f.RequireAuth {
+		s.mu.Unlock()
+		http.Error(w, "authorization required", http.StatusUnauthorized)
+		return
+	}
+	if f.RedirectTo != "" {
+		s.mu.Unlock()
+		http.Redirect(w, r, f.RedirectTo+r.URL.Path, http.StatusFound)
+		return
+	}
+	switch r.Method {
+	case http.MethodHead:
+		e.stats.HEADs++
+	case http.MethodGet:
+		e.stats.GETs++
+		if r.Header.Get("Range") != "" {
+			e.stats.RangeGETs++
+		}
+		if f.ChangeAfter > 0 && !e.swapped && e.stats.GETs > f.ChangeAfter {
+			e.content, e.etag, e.swapped = f.Next, ETag(f.Next), true
+		}
+		e.faulted++
+	default:
+		s.mu.Unlock()
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	p := plan{content: e.content, etag: e.etag, fault: f}
+	if r.Method != http.MethodGet || (f.Times > 0 && e.faulted > f.Times) {
+		p.fault.DropAfter, p.fault.Truncate = 0, 0
+		p.fault.Corrupt, p.fault.Stall, p.fault.Gzip = false, 0, false
+	}
+	s.mu.Unlock()
+	s.respond(w, r, e, p)
+}
+
+func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p plan) {
+	h := w.Header()
+	h.Set("ETag", p.etag)
+	h.Set("Accept-Ranges", "bytes")
+	size := int64(len(p.content))
+	start, end, ranged := int64(0), size-1, false
+	if rh := r.Header.Get("Range"); rh != "" && !p.fault.IgnoreRange {
+		ifr := r.Header.Get("If-Range")
+		if ifr == "" || ifr == p.etag || p.fault.IgnoreIfRange {
+			st, en, ok := parseRange(rh, size)
+			if !ok {
+				h.Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+				http.Error(w, "range not satisfiable", http.StatusRequestedRangeNotSatisfiable)
+				return
+			}
+			start, end, ranged = st, en, true
+		}
+	}
+	body := p.content[start : end+1]
+	if p.fault.Corrupt && len(body) > 0 {
+		body = append([]byte(nil), body...)
+		body[len(body)/2] ^= 0xff
+	}
+	status := http.StatusOK
+	if ranged {
+		status = http.StatusPartialContent
+		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end, size))
+	}
+	if p.fault.Truncate > 0 && int64(len(body)) > p.fault.Truncate {
+		body = body[:p.fault.Truncate]
+	}
+	if r.Method == http.MethodHead {
+		h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
+		w.WriteHeader(status)
+		return
+	}
+	cw := &countingWriter{w: w, s: s, e: e}
+	if p.fault.Gzip {
+		h.Set("Content-Encoding", "gzip")
+		w.WriteHeader(status)
+		zw := gzip.NewWriter(cw)
+		_, _ = zw.Write(body)
+		_ = zw.Close()
+		return
+	}
+	h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
+	w.WriteHeader(status)
+	var sent int64
+	send := func(upto int64) bool {
+		if upto > int64(len(body)) {
+			upto = int64(len(body))
+		}
+		for sent < upto {
+			n := min(upto-sent, 32<<10)
+			if _, err := cw.Write(body[sent : sent+n]); err != nil {
+				return false
+			}
+			sent += n
+		}
+		return true
+	}
+	if p.fault.Stall > 0 {
+		if !send(p.fault.StallAfter) {
+			return
+		}
+		w.(http.Flusher).Flush()
+		t := time.NewTimer(p.fault.Stall)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	if p.fault.DropAfter > 0 {
+		send(p.fault.DropAfter)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	send(int64(len(body)))
+}
+
+// parseRange parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" range.
+func parseRange(v string, size int64) (start, end int64, ok bool) {
+	spec, found := strings.CutPrefix(v, "bytes=")
+	if !found || strings.Contains(spec, ",") {
+		return 0, 0, false
+	}
+	a, b, found := strings.Cut(spec, "-")
+	if !found {
+		return 0, 0, false
+	}
+	if a == "" {
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || n <= 0 {
+			return 0, 0, false
+		}
+		return max(size-n, 0), size - 1, size > 0
+	}
+	start, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || start < 0 || start >= size {
+		return 0, 0, false
+	}
+	end = size - 1
+	if b != "" {
+		e, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || e < start {
+			return 0, 0, false
+		}
+		end = min(e, size-1)
+	}
+	return start, end, true
+}
+
+type countingWriter struct {
+	w http.ResponseWriter
+	s *Server
+	e *entry
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.s.mu.Lock()
+	c.e.stats.BytesSent += int64(n)
+	c.s.mu.Unlock()
+	return n, err
+}
