@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -42,6 +43,8 @@ type Options struct {
 	HostOverride string
 	// NoDestructive refuses restarts, replacements and deletions.
 	NoDestructive bool
+	// Terminal is passed to resources as Env.Terminal (nil: no progress drawing).
+	Terminal io.Writer
 }
 
 // Engine runs a bound plan against the host.
@@ -154,7 +157,7 @@ func (e *Engine) Order() []string {
 }
 
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.store.For(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now}
+	return &Env{Addr: addr, State: e.store.For(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal}
 }
 
 func (e *Engine) timeout(addr string) time.Duration {

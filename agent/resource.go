@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -45,6 +46,10 @@ type Env struct {
 	Plan  *plans.Plan
 	// Now is the clock; tests may replace it.
 	Now func() time.Time
+	// Terminal, when not nil, is an interactive terminal where long steps may draw
+	// progress (download bars). It is nil under --json and when output is not a terminal:
+	// progress is then quiet, and reaches machines through Status instead.
+	Terminal io.Writer
 }
 
 // Kind is a resource type: its name in plans, its configuration schema, and how to bind a

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
+	"golang.org/x/term"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/state"
@@ -207,7 +208,12 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if err != nil {
 		return fail(err)
 	}
+	var terminal io.Writer
+	if f, ok := stdout.(*os.File); ok && !o.json && term.IsTerminal(int(f.Fd())) {
+		terminal = stderr
+	}
 	eng, err := agent.New(p, kinds, store, agent.Options{
+		Terminal:      terminal,
 		Parallelism:   o.parallelism,
 		Targets:       o.targets,
 		Log:           log,

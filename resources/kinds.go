@@ -1,0 +1,39 @@
+// Package resources holds the resource kinds a plan can declare, one kind per file
+// (file.go, server.go, download.go, …). KindsFor returns them all for the engine and the
+// plan loader, bound to the host they act on.
+package resources
+
+import (
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/proc"
+)
+
+// Host is what resource kinds need from the machine. Everything is passed in, never
+// taken from globals, so tests replace any part: a mock GPU, a fake /proc root.
+type Host struct {
+	// GPU observes NVIDIA GPUs; nil means gpu.Default(Root).
+	GPU gpu.Observer
+	// Proc reads processes; the zero value reads /proc.
+	Proc proc.FS
+	// Root is the host's filesystem root for fallbacks ("" is "/").
+	Root string
+}
+
+func (h Host) withDefaults() Host {
+	if h.GPU == nil {
+		h.GPU = gpu.Default(h.Root)
+	}
+	return h
+}
+
+// Kinds returns every resource kind built into the agent, acting on this host.
+func Kinds() []agent.Kind { return KindsFor(Host{}) }
+
+// KindsFor returns every resource kind, acting on h.
+func KindsFor(h Host) []agent.Kind {
+	h = h.withDefaults()
+	return []agent.Kind{
+		FileKind(),
+	}
+}
