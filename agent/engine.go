@@ -45,6 +45,10 @@ type Options struct {
 	NoDestructive bool
 	// Terminal is passed to resources as Env.Terminal (nil: no progress drawing).
 	Terminal io.Writer
+	// Hold, when set, is asked before each resource is applied; a non-nil error fails the
+	// step with that error without touching the resource (and skips its dependents). The
+	// reconcile loop uses it for per-resource backoff.
+	Hold func(addr string) error
 }
 
 // Engine runs a bound plan against the host.
@@ -364,6 +368,11 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 // applyOne is one resource's part of Apply: check, act, verify.
 func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
 	addr := st.Addr
+	if e.opts.Hold != nil {
+		if err := e.opts.Hold(addr); err != nil {
+			return err
+		}
+	}
 	d, err := e.check(ctx, addr)
 	st.Diff = d
 	if err != nil {

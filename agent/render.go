@@ -262,6 +262,9 @@ type JSONOutput struct {
 	Resources     []JSONResource         `json:"resources"`
 	Diagnostics   []plans.JSONDiagnostic `json:"diagnostics,omitempty"`
 	Error         string                 `json:"error,omitempty"`
+	// StateDir is set by `agent run`'s /status, so `agent status` can tell whether the
+	// daemon answering manages the same host state.
+	StateDir string `json:"state_dir,omitempty"`
 }
 
 // JSONResource is one resource in JSONOutput.

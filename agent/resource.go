@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -100,6 +101,32 @@ type Status struct {
 	Summary string `json:"summary"`
 	// Fields are observed facts in display order (PID, start time, log age, accept rate).
 	Fields []Field `json:"fields,omitempty"`
+	// Metrics are the same facts as numbers, for Prometheus: `agent run` exports each as
+	// agent_<kind>_<key>{name="<resource name>"} (agent_server_accept_length{name="qwen"}).
+	// Keys are snake_case; booleans are 0 or 1.
+	Metrics map[string]float64 `json:"metrics,omitempty"`
+}
+
+// terminalError marks an error that retrying cannot fix (a bad plan value, a reboot the
+// plan does not allow): the reconcile loop stops retrying the resource until the plan or
+// the host changes.
+type terminalError struct{ err error }
+
+func (e *terminalError) Error() string { return e.err.Error() }
+func (e *terminalError) Unwrap() error { return e.err }
+
+// Terminal marks err as terminal.
+func Terminal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &terminalError{err: err}
+}
+
+// IsTerminal reports whether err, or an error it wraps, was marked with Terminal.
+func IsTerminal(err error) bool {
+	var t *terminalError
+	return errors.As(err, &t)
 }
 
 // Field is one observed fact.

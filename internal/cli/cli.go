@@ -44,6 +44,7 @@ Usage:
   agent plan PLAN         show what apply would change (exit 0 none, 2 changes, 1 error)
   agent apply PLAN        apply the plan in dependency order, verifying every step
   agent status PLAN       live state of every resource (exit 0 healthy, 3 degraded)
+  agent run PLAN          the reconcile loop, as a systemd service (docs/service.md)
   agent fmt [-check] PLAN rewrite plan files in canonical form
   agent version           print the version
 
@@ -73,6 +74,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "validate", "plan", "apply", "status":
 		return run(ctx, cmd, rest, stdout, stderr)
+	case "run":
+		return runDaemon(ctx, rest, stderr)
 	case "fmt":
 		return runFmt(rest, stdout, stderr)
 	case "version", "--version", "-version":
@@ -125,8 +128,8 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
-	var o options
+// flagSet declares the flags every plan command shares.
+func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("agent "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.stateDir, "state-dir", "", "state directory")
@@ -140,6 +143,12 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	return fs
+}
+
+func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flagSet(cmd, &o, stderr)
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return exitUsage
@@ -159,16 +168,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	}
 
 	kinds := resources.Kinds()
-	p, diags := plans.Load(pos[0], plans.Options{
-		Schemas:  agent.Schemas(kinds),
-		Vars:     o.vars,
-		VarFiles: o.varFiles,
-		Environ:  os.Environ(),
-	})
-	if !diags.HasErrors() {
-		_, bindDiags := agent.Bind(p, kinds)
-		diags = append(diags, bindDiags...)
-	}
+	p, diags := loadPlan(pos[0], o, kinds)
 	var secrets []string
 	if p != nil {
 		secrets = p.Secrets()
@@ -263,6 +263,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		}
 		return ExitOK
 	case "status":
+		if code, ok := statusFromDaemon(p, store.Dir(), o.json, stdout, red); ok {
+			return code
+		}
 		rep := eng.Status(ctx)
 		if o.json {
 			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
@@ -278,6 +281,21 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return ExitOK
 	}
 	return ExitError
+}
+
+// loadPlan loads and binds a plan: everything `agent validate` checks.
+func loadPlan(path string, o options, kinds []agent.Kind) (*plans.Plan, hcl.Diagnostics) {
+	p, diags := plans.Load(path, plans.Options{
+		Schemas:  agent.Schemas(kinds),
+		Vars:     o.vars,
+		VarFiles: o.varFiles,
+		Environ:  os.Environ(),
+	})
+	if !diags.HasErrors() {
+		_, bindDiags := agent.Bind(p, kinds)
+		diags = append(diags, bindDiags...)
+	}
+	return p, diags
 }
 
 func invalid(cmd string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer) int {

@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/daemon"
+	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
+)
+
+// runDaemon is `agent run PLAN`: the reconcile loop until SIGTERM.
+func runDaemon(ctx context.Context, args []string, stderr io.Writer) int {
+	var o options
+	fs := flagSet("run", &o, stderr)
+	interval := fs.Duration("interval", 0, "reconcile interval (default: the plan's agent.interval, else 30s)")
+	listen := fs.String("listen", "", "metrics and status address (default: the plan's agent.metrics_listen, else 127.0.0.1:9464)")
+	fs.Lookup("log-level").DefValue = "info"
+	o.logLevel = "info"
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) != 1 {
+		fmt.Fprintln(stderr, "agent run: want exactly one PLAN")
+		return exitUsage
+	}
+	log, err := newLogger(stderr, o.logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "agent run: %v\n", err)
+		return exitUsage
+	}
+	kinds := resources.Kinds()
+	err = daemon.Run(ctx, daemon.Config{
+		PlanPath: pos[0],
+		Load: func() (*plans.Plan, hcl.Diagnostics) {
+			return loadPlan(pos[0], o, kinds)
+		},
+		Kinds:       kinds,
+		StateDir:    o.stateDir,
+		Interval:    *interval,
+		Listen:      *listen,
+		LockTimeout: o.lockTimeout,
+		Engine:      agent.Options{Parallelism: o.parallelism, HostOverride: o.hostOverride, NoDestructive: o.noDestructive, Targets: o.targets},
+		Log:         log,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "agent run: %v\n", err)
+		return ExitError
+	}
+	return ExitOK
+}
+
+// statusFromDaemon asks a running `agent run` for status. It is used only when that daemon
+// manages the same state directory; otherwise (or when none answers) status observes the
+// host itself.
+func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Writer, red *agent.Redactor) (int, bool) {
+	addr := p.Agent.MetricsListen
+	if addr == "" {
+		addr = daemon.DefaultListen
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/healthz", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	resp.Body.Close()
+	resp, err = client.Get("http://" + addr + "/status")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	var doc agent.JSONOutput
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&doc) != nil || doc.StateDir != stateDir {
+		return 0, false
+	}
+	if asJSON {
+		agent.WriteJSON(stdout, &doc)
+	} else {
+		fmt.Fprintf(stdout, "(from agent run at %s)\n", addr)
+		for _, r := range doc.Resources {
+			switch {
+			case r.Error != "":
+				fmt.Fprintf(stdout, "  ✗ %s: %s\n", r.Address, red.String(r.Error))
+				continue
+			case r.Status != nil && r.Status.Healthy:
+				fmt.Fprintf(stdout, "  ✓ %s: %s\n", r.Address, r.Status.Summary)
+			case r.Status != nil:
+				fmt.Fprintf(stdout, "  ! %s: %s\n", r.Address, r.Status.Summary)
+			}
+			if r.Status != nil {
+				for _, f := range r.Status.Fields {
+					fmt.Fprintf(stdout, "      %s  %s\n", f.Name, f.Value)
+				}
+			}
+		}
+	}
+	for _, r := range doc.Resources {
+		if r.Error != "" {
+			return ExitError, true
+		}
+	}
+	if !doc.OK {
+		return ExitDegraded, true
+	}
+	return ExitOK, true
+}

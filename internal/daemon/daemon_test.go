@@ -1,0 +1,296 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/sdnotify"
+	"github.com/agent-dev/agent/plans"
+)
+
+// mark is a test kind: a file holding a value. It counts its applies.
+type markConfig struct {
+	Path  string `hcl:"path"`
+	Value string `hcl:"value"`
+	Fail  *bool  `hcl:"fail,optional"`
+}
+
+type mark struct {
+	cfg     *markConfig
+	applies *counter
+}
+
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) inc(k string) { c.mu.Lock(); c.n[k]++; c.mu.Unlock() }
+func (c *counter) get(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[k]
+}
+
+func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	have, err := os.ReadFile(m.cfg.Path)
+	if err == nil && string(have) == m.cfg.Value {
+		return agent.NoChange(), nil
+	}
+	return (&agent.Diff{Action: agent.Update}).Add(agent.Set("value", string(have), m.cfg.Value)), nil
+}
+
+func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+	m.applies.inc(m.cfg.Path)
+	if m.cfg.Fail != nil && *m.cfg.Fail {
+		return errors.New("broken on purpose")
+	}
+	return os.WriteFile(m.cfg.Path, []byte(m.cfg.Value), 0o644)
+}
+
+func (m *mark) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
+	return &agent.Status{Healthy: true, Summary: "ok", Metrics: map[string]float64{"generation": 7}}, nil
+}
+
+type harness struct {
+	dir      string
+	plan     string
+	applies  *counter
+	notes    chan string
+	addr     string
+	cancel   context.CancelFunc
+	done     chan error
+	readyURL chan string
+}
+
+func start(t *testing.T, planSrc string, interval time.Duration) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}},
+		notes: make(chan string, 100), done: make(chan error, 1), readyURL: make(chan string, 1)}
+	h.write(t, planSrc)
+	sock := filepath.Join(dir, "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			h.notes <- string(buf[:n])
+		}
+	}()
+	kinds := []agent.Kind{agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
+		return &mark{cfg: c, applies: h.applies}, nil
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	t.Cleanup(func() { cancel(); <-h.done })
+	go func() {
+		h.done <- Run(ctx, Config{
+			PlanPath: h.plan,
+			Load: func() (*plans.Plan, hcl.Diagnostics) {
+				return plans.Load(h.plan, plans.Options{Schemas: agent.Schemas(kinds), Vars: []string{"root=" + dir}})
+			},
+			Kinds:    kinds,
+			StateDir: filepath.Join(dir, "state"),
+			Interval: interval,
+			Listen:   "127.0.0.1:0",
+			Notifier: sdnotify.New(sock),
+			Ready:    func(addr string) { h.readyURL <- "http://" + addr },
+		})
+	}()
+	select {
+	case h.addr = <-h.readyURL:
+	case err := <-h.done:
+		t.Fatalf("Run ended at start: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the endpoint did not come up")
+	}
+	return h
+}
+
+func (h *harness) write(t *testing.T, src string) {
+	t.Helper()
+	// Write beside and rename, as editors do.
+	tmp := h.plan + ".tmp"
+	if err := os.WriteFile(tmp, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.plan); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitNote waits for a notification containing want.
+func (h *harness) waitNote(t *testing.T, want string) string {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case n := <-h.notes:
+			if strings.Contains(n, want) {
+				return n
+			}
+		case <-deadline:
+			t.Fatalf("no notification with %q", want)
+		}
+	}
+}
+
+func (h *harness) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(h.addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+const planV1 = `
+variable "root" {}
+mark "a" {
+  path  = "${var.root}/a"
+  value = "v1"
+}
+`
+
+func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
+	t.Parallel()
+	h := start(t, planV1, time.Hour)
+	ready := h.waitNote(t, "READY=1")
+	if !strings.Contains(ready, "STATUS=1 resources, 0 failing") {
+		t.Errorf("READY notification = %q", ready)
+	}
+	a := filepath.Join(h.dir, "a")
+	if b, _ := os.ReadFile(a); string(b) != "v1" {
+		t.Fatalf("a = %q after the first pass", b)
+	}
+
+	// An edited plan is picked up by the file watch and applied once.
+	h.write(t, strings.Replace(planV1, "v1", "v2", 1))
+	h.waitNote(t, "RELOADING=1")
+	h.waitNote(t, "READY=1")
+	if b, _ := os.ReadFile(a); string(b) != "v2" {
+		t.Fatalf("a = %q after the reload", b)
+	}
+	if n := h.applies.get(a); n != 2 {
+		t.Errorf("applies = %d, want 2 (one per plan version)", n)
+	}
+
+	// A broken plan keeps the last good one; the resource is not torn down.
+	h.write(t, "mark \"a\" {\n  path = \n")
+	h.waitNote(t, "RELOADING=1")
+	n := h.waitNote(t, "READY=1")
+	if !strings.Contains(n, "new plan invalid, running the last good one") {
+		t.Errorf("status after a broken plan = %q", n)
+	}
+	if b, _ := os.ReadFile(a); string(b) != "v2" {
+		t.Errorf("a = %q, want v2 kept", b)
+	}
+	_, metrics := h.get(t, "/metrics")
+	for _, series := range []string{"agent_plan_valid 0", "agent_reconcile_passes_total 3", "agent_reconcile_duration_seconds_count 3",
+		`agent_resource_drift{resource="mark.a"} 0`, "agent_last_success_timestamp_seconds", `agent_mark_generation{name="a"} 7`,
+		`agent_resource_healthy{name="mark.a"} 1`} {
+		if !strings.Contains(metrics, series) {
+			t.Errorf("/metrics lacks %q", series)
+		}
+	}
+	code, health := h.get(t, "/healthz")
+	if code != 200 || !strings.Contains(health, "running the last good one") {
+		t.Errorf("/healthz = %d %q", code, health)
+	}
+	code, status := h.get(t, "/status")
+	if code != 200 || !strings.Contains(status, `"command": "status"`) || !strings.Contains(status, `"state_dir"`) {
+		t.Errorf("/status = %d %q", code, status)
+	}
+}
+
+func TestLoopBacksOffAFailingResourceOnly(t *testing.T) {
+	t.Parallel()
+	h := start(t, `
+variable "root" {}
+mark "bad" {
+  path  = "${var.root}/bad"
+  value = "x"
+  fail  = true
+}
+mark "good" {
+  path  = "${var.root}/good"
+  value = "y"
+}
+`, 50*time.Millisecond)
+	good, bad := filepath.Join(h.dir, "good"), filepath.Join(h.dir, "bad")
+	// Many passes run (50 ms apart), but the failing resource waits its backoff (5 s
+	// after the first failure), so it is tried once, while the good one converged.
+	waitFor(t, "10 passes", func() bool {
+		_, m := h.get(t, "/metrics")
+		for _, line := range strings.Split(m, "\n") {
+			if v, ok := strings.CutPrefix(line, "agent_reconcile_passes_total "); ok {
+				n, _ := strconv.Atoi(v)
+				return n >= 10
+			}
+		}
+		return false
+	})
+	if n := h.applies.get(bad); n != 1 {
+		t.Errorf("the failing resource was tried %d times within its backoff, want 1", n)
+	}
+	if b, _ := os.ReadFile(good); string(b) != "y" {
+		t.Errorf("the good resource did not converge: %q", b)
+	}
+	_, m := h.get(t, "/metrics")
+	if !strings.Contains(m, `agent_reconcile_failures_total{resource="mark.bad"} 1`) {
+		t.Errorf("failures metric missing:\n%s", m)
+	}
+}
+
+func TestInvalidFirstPlanFails(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "plan.hcl")
+	os.WriteFile(path, []byte("mark \"a\" {\n"), 0o644)
+	err := Run(context.Background(), Config{
+		PlanPath: path,
+		Load: func() (*plans.Plan, hcl.Diagnostics) {
+			return plans.Load(path, plans.Options{Schemas: map[string]func() any{"mark": func() any { return &markConfig{} }}})
+		},
+		StateDir: filepath.Join(dir, "state"),
+		Listen:   "127.0.0.1:0",
+		Notifier: sdnotify.New(""),
+	})
+	if err == nil || !strings.Contains(err.Error(), "plan.hcl") {
+		t.Fatalf("Run = %v, want the plan error", err)
+	}
+}
