@@ -35,5 +35,6 @@ func KindsFor(h Host) []agent.Kind {
 	h = h.withDefaults()
 	return []agent.Kind{
 		FileKind(),
+		ServerKind(h),
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -21,6 +22,11 @@ func TestMain(m *testing.M) {
 // go test ./internal/cli -run TestScripts/NAME; add -testwork to keep its directory.
 func TestScripts(t *testing.T) {
 	t.Parallel()
+	// The server scripts run the fake SGLang server (internal/fakesglang) as $FAKE_SGLANG_BIN.
+	fake := filepath.Join(t.TempDir(), "fake-sglang")
+	if out, err := exec.Command("go", "build", "-o", fake, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput(); err != nil {
+		t.Fatalf("build fake-sglang: %v\n%s", err, out)
+	}
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
@@ -32,6 +38,7 @@ func TestScripts(t *testing.T) {
 			// Plans in the scripts declare variable "root" and put every managed file
 			// under it: file paths must be absolute, and $WORK differs per run.
 			env.Setenv("AGENT_VAR_root", env.WorkDir+"/root")
+			env.Setenv("FAKE_SGLANG_BIN", fake)
 			return nil
 		},
 	})

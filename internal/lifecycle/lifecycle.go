@@ -1,0 +1,383 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/sglang"
+)
+
+// Lifecycle launches, probes and stops servers through a Runner.
+type Lifecycle struct {
+	Runner Runner
+	// GPU, when not nil, is asked after every stop whether the stopped PIDs still hold
+	// GPU memory (gpu.WaitReleased; a no-op without GPUs).
+	GPU gpu.Observer
+	// HTTP is the client for readiness and smoke requests (a default one when nil).
+	HTTP *http.Client
+	// Poll is the interval of the launch's waits (DefaultPoll when zero).
+	Poll time.Duration
+}
+
+// DefaultPoll is how often a launch looks at its process, log and endpoint.
+const DefaultPoll = 100 * time.Millisecond
+
+// TailLines is how many lines of a generation's log a launch error quotes.
+const TailLines = 20
+
+func (l *Lifecycle) poll() time.Duration {
+	if l.Poll > 0 {
+		return l.Poll
+	}
+	return DefaultPoll
+}
+
+func (l *Lifecycle) client() *http.Client {
+	if l.HTTP != nil {
+		return l.HTTP
+	}
+	return &http.Client{}
+}
+
+// Ready is how a server shows it is ready; each set part must hold.
+type Ready struct {
+	// HTTP is a path that must answer 200 ("/health").
+	HTTP string
+	// LogLine must appear in this generation's log.
+	LogLine string
+	// Timeout bounds a launch's wait for readiness.
+	Timeout time.Duration
+}
+
+// LaunchOptions say what to launch and how to verify it.
+type LaunchOptions struct {
+	// Name is the server's name: the stem of its log files.
+	Name   string
+	LogDir string
+	// KeepLogs is how many generations' logs to keep, this one included.
+	KeepLogs int
+	// Generation is the generation to launch (NextGeneration).
+	Generation int
+	Spec       Spec
+	Port       int
+	Ready      Ready
+	// Smoke, when not nil, runs once the server is ready.
+	Smoke *Smoke
+	// OnStarted is called as soon as the process exists, before any wait, so the
+	// caller can record it: an agent killed during the wait still knows what it started.
+	OnStarted func(*Launched) error
+}
+
+// Launched is one launch generation's process.
+type Launched struct {
+	Started
+	Generation int
+	LogPath    string
+	LaunchedAt time.Time
+	// ReadyAt is when readiness passed (zero when it did not).
+	ReadyAt time.Time
+	// Smoke is the smoke test's verdict (nil when there was none).
+	Smoke *SmokeResult
+}
+
+// Target is what stops this launch: its group, its session and its marker.
+func (x *Launched) Target(marker string) proc.Target {
+	return proc.Target{Leader: x.ID, PGID: x.PGID, SID: x.SID, Marker: marker}
+}
+
+// LaunchError is a launch that did not come up: the process exited or readiness
+// timed out. It quotes that generation's own log.
+type LaunchError struct {
+	Generation int
+	LogPath    string
+	// Reason is what went wrong: "process exited (exit status 1) 0.4 s after start".
+	Reason  string
+	Failure *sglang.Failure
+	Tail    []string
+	// Stopped says what became of the leftovers (the launch is stopped, verified).
+	Stopped string
+}
+
+// ErrLaunch is wrapped by every *LaunchError.
+var ErrLaunch = errors.New("launch failed")
+
+func (e *LaunchError) Unwrap() error { return ErrLaunch }
+
+func (e *LaunchError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "launch of generation %d failed: %s", e.Generation, e.Reason)
+	if e.Failure != nil {
+		fmt.Fprintf(&b, "; %s", e.Failure)
+	}
+	if e.Stopped != "" {
+		fmt.Fprintf(&b, "; %s", e.Stopped)
+	}
+	if len(e.Tail) == 0 {
+		fmt.Fprintf(&b, "; its log %s has no line from this generation", e.LogPath)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "; last %d lines of its log %s (generation %d):", len(e.Tail), e.LogPath, e.Generation)
+	for _, line := range e.Tail {
+		b.WriteString("\n    ")
+		b.WriteString(clip(line, 400))
+	}
+	return b.String()
+}
+
+// Launch starts a new generation and verifies it: alive, its log grown, ready before
+// o.Ready.Timeout, then the smoke test. A process that exits or is not ready in time
+// is stopped (verified) and reported with its log as a *LaunchError; a failed smoke
+// test is a *SmokeError and the server keeps running. The returned Launched is not
+// nil whenever the process was started.
+func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, error) {
+	if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
+		return nil, fmt.Errorf("log dir: %w", err)
+	}
+	logPath := LogPath(o.LogDir, o.Name, o.Generation)
+	if err := linkCheck(o.LogDir, o.Name); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st, err := l.Runner.Start(ctx, o.Spec, logPath)
+	if err != nil {
+		return nil, err
+	}
+	x := &Launched{Started: *st, Generation: o.Generation, LogPath: logPath, LaunchedAt: start}
+	if err := linkCurrent(o.LogDir, o.Name, o.Generation); err != nil {
+		return x, err // checked above; a race with the operator
+	}
+	_ = pruneLogs(o.LogDir, o.Name, o.KeepLogs, o.Generation)
+	if o.OnStarted != nil {
+		if err := o.OnStarted(x); err != nil {
+			return x, err
+		}
+	}
+	if reason := l.waitReady(ctx, x, o); reason != "" {
+		if ctx.Err() != nil {
+			// The agent is being stopped or the step ran out of time: leave the
+			// process alone (it is recorded), the next run judges it afresh.
+			return x, fmt.Errorf("launch of generation %d: %s: %w", o.Generation, reason, ctx.Err())
+		}
+		return x, l.failed(x, o, reason)
+	}
+	x.ReadyAt = time.Now()
+	if o.Smoke != nil {
+		r, err := RunSmoke(ctx, l.client(), l.Runner.Endpoint(o.Port), *o.Smoke)
+		if err != nil {
+			return x, fmt.Errorf("generation %d is ready but its smoke test got no answer: %w (the server was left running)", o.Generation, err)
+		}
+		x.Smoke = &r
+		if !r.OK {
+			return x, &SmokeError{Generation: o.Generation, Result: r}
+		}
+	}
+	return x, nil
+}
+
+func linkCheck(dir, name string) error {
+	link := CurrentLink(dir, name)
+	if st, err := os.Lstat(link); err == nil && st.Mode().Type()&os.ModeSymlink == 0 {
+		return fmt.Errorf("%s exists and is not a symlink: move it aside (the agent keeps <name>.log as a link to the current generation's log)", link)
+	}
+	return nil
+}
+
+// waitReady waits for the launch to be ready; it returns "" when it is, else why not.
+func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions) string {
+	deadline := time.NewTimer(o.Ready.Timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(l.poll())
+	defer tick.Stop()
+	watch := &lineWatch{path: x.LogPath, want: o.Ready.LogLine}
+	procs := l.Runner.Procs()
+	var grown, httpOK, lineOK bool
+	for {
+		select {
+		case <-x.Exited:
+			return l.exitReason(x)
+		default:
+		}
+		if alive, err := procs.Alive(x.ID); err == nil && !alive {
+			if x.Exited != nil {
+				// Our own child: let the reaper record how it ended.
+				select {
+				case <-x.Exited:
+				case <-time.After(time.Second):
+				}
+			}
+			return l.exitReason(x)
+		}
+		if !grown {
+			if fi, err := os.Stat(x.LogPath); err == nil && fi.Size() > 0 {
+				grown = true
+			}
+		}
+		if !lineOK {
+			lineOK, _ = watch.seen()
+		}
+		if !httpOK {
+			httpOK = o.Ready.HTTP == "" || l.probeHTTP(ctx, o.Port, o.Ready.HTTP, 2*time.Second) == nil
+		}
+		if grown && httpOK && lineOK {
+			return ""
+		}
+		select {
+		case <-ctx.Done():
+			return "interrupted while waiting for readiness"
+		case <-deadline.C:
+			var missing []string
+			if !grown {
+				missing = append(missing, "its log has no line from this generation")
+			}
+			if !httpOK {
+				missing = append(missing, fmt.Sprintf("GET %s never answered 200", o.Ready.HTTP))
+			}
+			if !lineOK {
+				missing = append(missing, fmt.Sprintf("%q never appeared in its log", o.Ready.LogLine))
+			}
+			return fmt.Sprintf("not ready %s after start (ready.timeout): %s", o.Ready.Timeout, strings.Join(missing, ", "))
+		case <-x.Exited:
+			return l.exitReason(x)
+		case <-tick.C:
+		}
+	}
+}
+
+func (l *Lifecycle) exitReason(x *Launched) string {
+	how := "exited"
+	if x.ExitStatus != nil {
+		if s := x.ExitStatus(); s != "" {
+			how = "exited (" + s + ")"
+		}
+	}
+	return fmt.Sprintf("process %d %s %.1f s after start", x.ID.PID, how, time.Since(x.LaunchedAt).Seconds())
+}
+
+// failed stops what is left of a failed launch and builds its error from its log.
+func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
+	e := &LaunchError{Generation: x.Generation, LogPath: x.LogPath, Reason: reason}
+	// Stop leftovers (children, a half-started server) so the next launch starts clean
+	// and nothing holds the port or GPU memory. Its own context: the caller's may be
+	// nearly spent by the readiness wait.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := l.Stop(ctx, x.Target(o.Spec.Marker), syscall.SIGTERM, 5*time.Second, o.Port)
+	switch {
+	case err != nil:
+		e.Stopped = "stopping its leftovers failed: " + err.Error()
+	case len(rep.Targets) > 0:
+		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
+	}
+	if tail, err := Tail(x.LogPath, TailLines); err == nil {
+		e.Tail = tail
+	}
+	if f, ok := Failure(x.LogPath); ok {
+		e.Failure = &f
+	}
+	return e
+}
+
+// ProbeHTTP GETs path on the server's port and returns nil on 200.
+func (l *Lifecycle) ProbeHTTP(ctx context.Context, port int, path string) error {
+	return l.probeHTTP(ctx, port, path, 3*time.Second)
+}
+
+func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := l.client().Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
+	}
+	return nil
+}
+
+// Metrics scrapes the server's /metrics (SGLang's --enable-metrics).
+func (l *Lifecycle) Metrics(ctx context.Context, port int) (sglang.Metrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+"/metrics", nil)
+	if err != nil {
+		return sglang.Metrics{}, err
+	}
+	resp, err := l.client().Do(req)
+	if err != nil {
+		return sglang.Metrics{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return sglang.Metrics{}, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return sglang.Metrics{}, err
+	}
+	return sglang.ParsePrometheus(string(b))
+}
+
+// PortWait bounds the wait for the port to be free after a verified stop.
+const PortWait = 10 * time.Second
+
+// GPUWait bounds the wait for GPU memory to be released after a verified stop.
+const GPUWait = 30 * time.Second
+
+// ErrStop is wrapped by every failed verified stop.
+var ErrStop = errors.New("stop not verified")
+
+// Stop stops t and proves it: every process of the target gone (proc.Stop: sig to the
+// group, escalation to SIGKILL, PID and start time checked), then port free (when
+// port > 0), then none of the stopped PIDs holding GPU memory.
+func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
+	procs := l.Runner.Procs()
+	rep, err := procs.Stop(ctx, t, sig, timeout)
+	if err != nil {
+		return rep, fmt.Errorf("%w: %w", ErrStop, err)
+	}
+	if port > 0 {
+		if err := procs.PortFree(ctx, port, PortWait); err != nil {
+			return rep, fmt.Errorf("%w: %d processes stopped, but %w", ErrStop, len(rep.Targets), err)
+		}
+	}
+	if l.GPU != nil && len(rep.Targets) > 0 {
+		pids := make([]int, len(rep.Targets))
+		for i, id := range rep.Targets {
+			pids[i] = id.PID
+		}
+		if err := gpu.WaitReleased(ctx, l.GPU, pids, time.Now().Add(GPUWait), 0); err != nil {
+			return rep, fmt.Errorf("%w: %d processes stopped, but %w", ErrStop, len(rep.Targets), err)
+		}
+	}
+	return rep, nil
+}
+
+// Summary describes a stop report in one phrase for logs and messages.
+func Summary(rep proc.Report) string {
+	switch {
+	case len(rep.Targets) == 0:
+		return "nothing was left to stop"
+	case len(rep.Killed) > 0:
+		return fmt.Sprintf("%d processes stopped (%d needed SIGKILL), verified gone in %s", len(rep.Targets), len(rep.Killed), rep.Elapsed.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%d processes stopped by %s, verified gone in %s", len(rep.Targets), rep.Signal, rep.Elapsed.Round(time.Millisecond))
+}

@@ -1,0 +1,216 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agent-dev/agent/internal/proc"
+)
+
+// Spec is what to run: the exact identity of a server.
+type Spec struct {
+	// Argv is the exact command line; Argv[0] is looked up in PATH when it has no slash.
+	Argv []string
+	// Env is the declared environment. The process gets Env over a small base taken
+	// from the agent's own environment (BaseEnv) plus Marker.
+	Env map[string]string
+	// Workdir is the working directory ("/" when empty).
+	Workdir string
+	// User runs the process as this user (name or uid); empty: the agent's user.
+	User string
+	// Marker is an exact KEY=VALUE entry added to the environment, inherited by every
+	// descendant, so a stop finds children that left the session (proc.Target.Marker).
+	Marker string
+}
+
+// BaseEnv names the variables a launched process inherits from the agent: enough to
+// find programs and libraries, nothing that changes from one agent start to the next.
+// Everything else must be declared, so the launched identity is the declared one.
+var BaseEnv = []string{"PATH", "HOME", "LANG", "LC_ALL", "TZ"}
+
+// Environ returns the environment the process is started with, sorted.
+func (s Spec) Environ() []string {
+	m := map[string]string{}
+	for _, k := range BaseEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			m[k] = v
+		}
+	}
+	if _, ok := m["PATH"]; !ok {
+		m["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	for k, v := range s.Env {
+		m[k] = v
+	}
+	out := make([]string, 0, len(m)+1)
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	if s.Marker != "" {
+		out = append(out, s.Marker)
+	}
+	return out
+}
+
+// Started is a process a Runner launched.
+type Started struct {
+	// ID is the leader's PID and start time, read right after the start.
+	ID proc.Identity
+	// PGID and SID are the leader's process group and session (its own PID when the
+	// runner used Setsid).
+	PGID, SID int
+	// Exited, when not nil, is closed once the runner has seen the leader exit;
+	// ExitStatus then says how ("exit status 1", "signal: killed").
+	Exited     <-chan struct{}
+	ExitStatus func() string
+}
+
+// Procs is what the lifecycle reads and does to processes: proc.FS on the host. PIDs
+// are the host's, also for processes inside containers.
+type Procs interface {
+	Stat(pid int) (proc.Stat, error)
+	Alive(id proc.Identity) (bool, error)
+	Cmdline(pid int) ([]string, error)
+	Environ(pid int) ([]string, error)
+	Cwd(pid int) (string, error)
+	BootTime() (time.Time, error)
+	PortOwners(port int) ([]int, error)
+	PortFree(ctx context.Context, port int, wait time.Duration) error
+	Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error)
+}
+
+var _ Procs = proc.FS{}
+
+// Runner is where a server runs: this host, or (the container issue) an Incus
+// instance reached with exec.
+type Runner interface {
+	// Place names where processes run, for the launched identity and for messages:
+	// "host", "container sglang".
+	Place() string
+	// Start launches s detached: in a session and process group of its own, with
+	// stdin from /dev/null and stdout and stderr appended to logPath, which Start
+	// creates and which must not exist yet. It does not wait for anything but the
+	// start itself, and ctx does not bound the process's life.
+	Start(ctx context.Context, s Spec, logPath string) (*Started, error)
+	// Procs observes and stops processes of this place.
+	Procs() Procs
+	// Endpoint is the host:port where this place's port is reached from the agent.
+	Endpoint(port int) string
+}
+
+// Host runs servers on this machine.
+type Host struct {
+	// Proc reads /proc; the zero value reads the real one.
+	Proc proc.FS
+}
+
+var _ Runner = Host{}
+
+// Place is "host".
+func (Host) Place() string { return "host" }
+
+// Procs is h.Proc.
+func (h Host) Procs() Procs { return h.Proc }
+
+// Endpoint is 127.0.0.1:port.
+func (Host) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+
+// ErrLogExists is wrapped when a launch would reuse an existing log file.
+var ErrLogExists = errors.New("log file of this generation already exists")
+
+// Start launches s with Setsid, its log file as stdout and stderr.
+func (h Host) Start(ctx context.Context, s Spec, logPath string) (*Started, error) {
+	if len(s.Argv) == 0 {
+		return nil, errors.New("start: empty command")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	attr := &syscall.SysProcAttr{Setsid: true}
+	if s.User != "" {
+		cred, err := credential(s.User)
+		if err != nil {
+			return nil, err
+		}
+		if int(cred.Uid) != os.Geteuid() {
+			attr.Credential = cred
+		}
+	}
+	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o640)
+	if errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("%w: %s", ErrLogExists, logPath)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create log: %w", err)
+	}
+	defer f.Close()
+	if attr.Credential != nil {
+		_ = f.Chown(int(attr.Credential.Uid), int(attr.Credential.Gid))
+	}
+	cmd := exec.Command(s.Argv[0], s.Argv[1:]...)
+	cmd.Args = s.Argv
+	cmd.Env = s.Environ()
+	cmd.Dir = s.Workdir
+	if cmd.Dir == "" {
+		cmd.Dir = "/"
+	}
+	cmd.Stdout, cmd.Stderr = f, f // the file itself: no pipe, no goroutine of ours in between
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(f, "agent: could not start %q: %v\n", s.Argv[0], err)
+		return nil, fmt.Errorf("start %s: %w", strconv.Quote(s.Argv[0]), err)
+	}
+	pid := cmd.Process.Pid
+	// Not yet waited for, so the entry is there even if it already exited (a zombie).
+	st, err := h.Proc.Stat(pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("start: read the new process: %w", err)
+	}
+	exited := make(chan struct{})
+	var mu sync.Mutex
+	status := ""
+	go func() {
+		// Reap it, so its exit shows at once (and no zombie of ours is left); the
+		// process itself does not depend on this goroutine or on the agent.
+		err := cmd.Wait()
+		mu.Lock()
+		if cmd.ProcessState != nil {
+			status = cmd.ProcessState.String()
+		} else if err != nil {
+			status = err.Error()
+		}
+		mu.Unlock()
+		close(exited)
+	}()
+	return &Started{
+		ID: st.Identity(), PGID: st.PGRP, SID: st.Session, Exited: exited,
+		ExitStatus: func() string { mu.Lock(); defer mu.Unlock(); return status },
+	}, nil
+}
+
+func credential(name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		if _, nerr := strconv.Atoi(name); nerr == nil {
+			u, err = user.LookupId(name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("user %q: %w", name, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}

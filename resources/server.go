@@ -1,0 +1,988 @@
+package resources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/big"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/sglang"
+	"github.com/agent-dev/agent/plans"
+)
+
+// ServerConfig is the `server` block.
+type ServerConfig struct {
+	Container      *string            `hcl:"container,optional"`
+	Command        []string           `hcl:"command"`
+	Flags          cty.Value          `hcl:"flags,optional"`
+	Args           []string           `hcl:"args,optional"`
+	Env            map[string]string  `hcl:"env,optional"`
+	Workdir        *string            `hcl:"workdir,optional"`
+	User           *string            `hcl:"user,optional"`
+	Port           *int               `hcl:"port,optional"`
+	Ready          *ServerReadyConfig `hcl:"ready,block"`
+	Stop           *ServerStopConfig  `hcl:"stop,block"`
+	SmokeTest      *ServerSmokeConfig `hcl:"smoke_test,block"`
+	Takeover       *bool              `hcl:"takeover,optional"`
+	LogDir         *string            `hcl:"log_dir,optional"`
+	KeepLogs       *int               `hcl:"keep_logs,optional"`
+	UnhealthyGrace *string            `hcl:"unhealthy_grace,optional"`
+}
+
+// ServerReadyConfig is the `ready` block of a server.
+type ServerReadyConfig struct {
+	HTTP    *string `hcl:"http,optional"`
+	LogLine *string `hcl:"log_line,optional"`
+	Timeout *string `hcl:"timeout,optional"`
+}
+
+// ServerStopConfig is the `stop` block of a server.
+type ServerStopConfig struct {
+	Signal  *string `hcl:"signal,optional"`
+	Timeout *string `hcl:"timeout,optional"`
+}
+
+// ServerSmokeConfig is the `smoke_test` block of a server.
+type ServerSmokeConfig struct {
+	Prompt        string    `hcl:"prompt"`
+	Sampling      cty.Value `hcl:"sampling,optional"`
+	MaxTokens     *int      `hcl:"max_tokens,optional"`
+	Expect        *string   `hcl:"expect,optional"`
+	MaxRepetition *float64  `hcl:"max_repetition,optional"`
+}
+
+// Defaults of a server block.
+const (
+	DefaultReadyTimeout   = 20 * time.Minute
+	DefaultStopTimeout    = 90 * time.Second
+	DefaultServerLogDir   = "/var/log/agent"
+	DefaultKeepLogs       = 5
+	DefaultUnhealthyGrace = 5 * time.Minute
+	defaultWorkdir        = "/"
+)
+
+// Server is a long-running process (an SGLang server) on the host.
+//
+// Its identity is the exact argv (command, then flags sorted by name and rendered
+// `--name value`, true as a bare `--name`, false omitted, then args), the declared
+// environment, the working directory, the user and the place. A change to any of them
+// is a verified relaunch; nothing else is. A running server that matches and passes
+// readiness is never touched, whatever its output looks like.
+type Server struct {
+	addr, name     string
+	host           Host
+	command        []string
+	flags          []serverFlag
+	args           []string
+	env            map[string]string
+	workdir, user  string
+	port           int
+	ready          lifecycle.Ready
+	stopSignal     syscall.Signal
+	stopTimeout    time.Duration
+	smoke          *lifecycle.Smoke
+	takeover       bool
+	logDir         string
+	keepLogs       int
+	grace          time.Duration
+	enableMetrics  bool
+	envSensitive   bool
+	flagsSensitive bool
+}
+
+var (
+	_ agent.Resource  = (*Server)(nil)
+	_ agent.Statuser  = (*Server)(nil)
+	_ agent.Timeouter = (*Server)(nil)
+)
+
+// serverFlag is one rendered flag.
+type serverFlag struct {
+	name    string
+	argv    []string // ["--name", "value"], ["--name"] or nil (false)
+	display string   // as a diff shows it: "0.85", "\"NEXTN\"", "true"
+}
+
+// ServerKind is the `server` resource kind, acting on h.
+func ServerKind(h Host) agent.Kind {
+	return agent.NewKind("server", func(r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
+		return bindServer(h, r, c)
+	})
+}
+
+var signals = map[string]syscall.Signal{
+	"SIGTERM": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "SIGQUIT": syscall.SIGQUIT,
+	"SIGHUP": syscall.SIGHUP, "SIGKILL": syscall.SIGKILL, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
+}
+
+func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
+	var diags hcl.Diagnostics
+	bad := func(rng hcl.Range, summary, detail string) {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: rng.Ptr()})
+	}
+	s := &Server{
+		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env,
+		workdir: defaultWorkdir, user: deref(c.User), takeover: deref(c.Takeover),
+		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
+		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout},
+		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout,
+		envSensitive: r.Sensitive["env"], flagsSensitive: r.Sensitive["flags"],
+	}
+	if c.Container != nil {
+		bad(r.Range("container"), "Servers in containers are not yet supported",
+			"This agent runs servers on the host only; remove container (the server then runs on the host) until the container support lands.")
+	}
+	if len(c.Command) == 0 || c.Command[0] == "" {
+		bad(r.Range("command"), "Empty command", `command is the program and its first arguments, e.g. ["python3", "-m", "sglang.launch_server"].`)
+	}
+	duration := func(p *string, def time.Duration, path ...string) time.Duration {
+		if p == nil {
+			return def
+		}
+		d, err := time.ParseDuration(*p)
+		if err != nil || d <= 0 {
+			bad(r.Range(path...), "Invalid duration", fmt.Sprintf("%s = %q is not a positive duration such as \"90s\" or \"20m\".", strings.Join(path, "."), *p))
+			return def
+		}
+		return d
+	}
+	flagPort := 0
+	if c.Flags != cty.NilVal && !c.Flags.IsNull() {
+		fl, port, msg := renderFlags(c.Flags)
+		if msg != "" {
+			bad(r.Range("flags"), "Invalid flags", msg)
+		}
+		s.flags, flagPort = fl, port
+		for _, f := range fl {
+			if f.name == "enable-metrics" && len(f.argv) > 0 {
+				s.enableMetrics = true
+			}
+		}
+	}
+	switch {
+	case c.Port != nil && (*c.Port <= 0 || *c.Port > 65535):
+		bad(r.Range("port"), "Invalid port", fmt.Sprintf("port %d is not a TCP port (1-65535).", *c.Port))
+	case c.Port != nil && flagPort != 0 && *c.Port != flagPort:
+		bad(r.Range("port"), "Port differs from flags", fmt.Sprintf("port = %d but flags[\"port\"] = %d: the agent would watch one port while the server listens on the other.", *c.Port, flagPort))
+	case c.Port != nil:
+		s.port = *c.Port
+	default:
+		s.port = flagPort
+	}
+	if c.Workdir != nil {
+		s.workdir = *c.Workdir
+		if !filepath.IsAbs(s.workdir) {
+			bad(r.Range("workdir"), "Relative workdir", "workdir must be an absolute path.")
+		}
+	}
+	if c.LogDir != nil {
+		s.logDir = *c.LogDir
+		if !filepath.IsAbs(s.logDir) {
+			bad(r.Range("log_dir"), "Relative log_dir", "log_dir must be an absolute path.")
+		}
+	}
+	if c.KeepLogs != nil {
+		s.keepLogs = *c.KeepLogs
+		if s.keepLogs < 1 {
+			bad(r.Range("keep_logs"), "Invalid keep_logs", "keep_logs counts the current generation's log, so it is at least 1.")
+		}
+	}
+	s.grace = duration(c.UnhealthyGrace, DefaultUnhealthyGrace, "unhealthy_grace")
+	if c.Ready != nil {
+		s.ready.HTTP = deref(c.Ready.HTTP)
+		s.ready.LogLine = deref(c.Ready.LogLine)
+		s.ready.Timeout = duration(c.Ready.Timeout, DefaultReadyTimeout, "ready", "timeout")
+		if s.ready.HTTP != "" && !strings.HasPrefix(s.ready.HTTP, "/") {
+			bad(r.Range("ready", "http"), "Invalid ready.http", "ready.http is a path on the server's port, such as \"/health\".")
+		}
+		if s.ready.HTTP != "" && s.port == 0 {
+			bad(r.Range("ready", "http"), "No port", "ready.http needs the server's port: set port (or flags[\"port\"]).")
+		}
+	}
+	if c.Stop != nil {
+		s.stopTimeout = duration(c.Stop.Timeout, DefaultStopTimeout, "stop", "timeout")
+		if c.Stop.Signal != nil {
+			name := strings.ToUpper(*c.Stop.Signal)
+			if !strings.HasPrefix(name, "SIG") {
+				name = "SIG" + name
+			}
+			sig, ok := signals[name]
+			if !ok {
+				bad(r.Range("stop", "signal"), "Unknown signal", fmt.Sprintf("stop.signal %q is not one of SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGKILL, SIGUSR1, SIGUSR2.", *c.Stop.Signal))
+			}
+			s.stopSignal = sig
+		}
+	}
+	if c.SmokeTest != nil {
+		sm := &lifecycle.Smoke{Prompt: c.SmokeTest.Prompt, MaxTokens: 512, Expect: deref(c.SmokeTest.Expect), MaxRepetition: -1}
+		if c.SmokeTest.MaxTokens != nil {
+			sm.MaxTokens = *c.SmokeTest.MaxTokens
+		}
+		if p := c.SmokeTest.MaxRepetition; p != nil {
+			if *p < 0 || *p > 1 {
+				bad(r.Range("smoke_test", "max_repetition"), "Invalid max_repetition", "max_repetition is a share of the output, between 0 and 1.")
+			}
+			sm.MaxRepetition = *p
+		}
+		if v := c.SmokeTest.Sampling; v != cty.NilVal && !v.IsNull() {
+			m, msg := sampling(v)
+			if msg != "" {
+				bad(r.Range("smoke_test", "sampling"), "Invalid sampling", msg)
+			}
+			sm.Sampling = m
+		}
+		for _, f := range s.flags {
+			if f.name == "api-key" && len(f.argv) == 2 {
+				sm.APIKey = f.argv[1]
+			}
+		}
+		if s.port == 0 {
+			bad(r.Range("smoke_test"), "No port", "smoke_test needs the server's port: set port (or flags[\"port\"]).")
+		}
+		s.smoke = sm
+	}
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	return s, nil
+}
+
+// renderFlags turns the flags map into sorted flags; it also returns flags["port"].
+func renderFlags(v cty.Value) ([]serverFlag, int, string) {
+	if !v.Type().IsObjectType() && !v.Type().IsMapType() {
+		return nil, 0, "flags is a map of flag names (without --) to strings, numbers or booleans."
+	}
+	if !v.IsWhollyKnown() {
+		return nil, 0, "flags must be known when the plan is read."
+	}
+	var out []serverFlag
+	port := 0
+	var problems []string
+	for k, val := range v.AsValueMap() {
+		name := strings.TrimPrefix(k, "--")
+		f := serverFlag{name: name}
+		switch {
+		case val.IsNull():
+			continue
+		case val.Type() == cty.String:
+			f.argv = []string{"--" + name, val.AsString()}
+			f.display = strconv.Quote(val.AsString())
+		case val.Type() == cty.Number:
+			s := numberText(val.AsBigFloat())
+			f.argv = []string{"--" + name, s}
+			f.display = s
+			if name == "port" {
+				port, _ = strconv.Atoi(s)
+			}
+		case val.Type() == cty.Bool:
+			f.display = strconv.FormatBool(val.True())
+			if val.True() {
+				f.argv = []string{"--" + name}
+			}
+		default:
+			problems = append(problems, fmt.Sprintf("flags[%q] is a %s; a flag is a string, a number or a boolean (true: a bare --%s, false: omitted).", k, val.Type().FriendlyName(), name))
+			continue
+		}
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	sort.Strings(problems)
+	return out, port, strings.Join(problems, " ")
+}
+
+func numberText(f *big.Float) string {
+	if f.IsInt() {
+		i, _ := f.Int(nil)
+		return i.String()
+	}
+	x, _ := f.Float64()
+	return strconv.FormatFloat(x, 'f', -1, 64)
+}
+
+// sampling turns the sampling map into JSON values.
+func sampling(v cty.Value) (map[string]any, string) {
+	if !v.Type().IsObjectType() && !v.Type().IsMapType() {
+		return nil, "sampling is a map of OpenAI request fields, e.g. { temperature = 0.7, top_p = 0.8 }."
+	}
+	m := map[string]any{}
+	for k, val := range v.AsValueMap() {
+		switch {
+		case val.IsNull():
+		case val.Type() == cty.Number:
+			f, _ := val.AsBigFloat().Float64()
+			m[k] = f
+			if val.AsBigFloat().IsInt() {
+				i, _ := val.AsBigFloat().Int64()
+				m[k] = i
+			}
+		case val.Type() == cty.String:
+			m[k] = val.AsString()
+		case val.Type() == cty.Bool:
+			m[k] = val.True()
+		default:
+			return nil, fmt.Sprintf("sampling[%q] is a %s; use numbers, strings or booleans.", k, val.Type().FriendlyName())
+		}
+	}
+	return m, ""
+}
+
+// argv is the exact command line.
+func (s *Server) argv() []string {
+	out := slices.Clone(s.command)
+	for _, f := range s.flags {
+		out = append(out, f.argv...)
+	}
+	return append(out, s.args...)
+}
+
+// flagDisplay is the flags as a diff shows them, by name.
+func (s *Server) flagDisplay() map[string]string {
+	m := make(map[string]string, len(s.flags))
+	for _, f := range s.flags {
+		m[f.name] = f.display
+	}
+	return m
+}
+
+// Timeout bounds one step: a stop, a launch until ready, and the smoke test.
+func (s *Server) Timeout() time.Duration {
+	return s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
+		s.ready.Timeout + lifecycle.DefaultSmokeTimeout + time.Minute
+}
+
+func (s *Server) lifecycle() *lifecycle.Lifecycle {
+	h := s.host.withDefaults()
+	return &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: h.Proc}, GPU: h.GPU}
+}
+
+// serverRecord is the server's state: what was launched (or adopted), as launched.
+type serverRecord struct {
+	Generation int       `json:"generation"`
+	PID        int       `json:"pid"`
+	StartTicks uint64    `json:"start_ticks"`
+	PGID       int       `json:"pgid"`
+	SID        int       `json:"sid"`
+	Marker     string    `json:"marker,omitempty"`
+	Adopted    bool      `json:"adopted,omitempty"`
+	LogPath    string    `json:"log_path,omitempty"`
+	LaunchedAt time.Time `json:"launched_at"`
+	ReadyAt    time.Time `json:"ready_at,omitzero"`
+	// UnreadySince is when observation first found the server not ready (zero: ready).
+	UnreadySince time.Time `json:"unready_since,omitzero"`
+
+	// The launched identity.
+	Place   string            `json:"place"`
+	Argv    []string          `json:"argv"`
+	Command []string          `json:"command"`
+	Flags   map[string]string `json:"flags"` // name → displayed value
+	Args    []string          `json:"args,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir"`
+	User    string            `json:"user,omitempty"`
+	Port    int               `json:"port,omitempty"`
+}
+
+func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }
+
+func (r *serverRecord) target() proc.Target {
+	return proc.Target{Leader: r.id(), PGID: r.PGID, SID: r.SID, Marker: r.Marker}
+}
+
+// record is the identity s would launch, without the process facts.
+func (s *Server) record() serverRecord {
+	return serverRecord{
+		Place: lifecycle.Host{}.Place(), Argv: s.argv(), Command: slices.Clone(s.command), Flags: s.flagDisplay(),
+		Args: slices.Clone(s.args), Env: maps.Clone(s.env), Workdir: s.workdir, User: s.user, Port: s.port,
+	}
+}
+
+// identityChanges lists, attribute by attribute, how the recorded launch differs from
+// the plan; every one of them means a restart.
+func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
+	want := s.record()
+	var out []agent.Change
+	add := func(c agent.Change) { c.Note = "restart"; out = append(out, c) }
+	if rec.Place != want.Place {
+		add(agent.Set("place", rec.Place, want.Place))
+	}
+	if !slices.Equal(rec.Command, want.Command) {
+		add(agent.Set("command", listText(rec.Command), listText(want.Command)))
+	}
+	for _, k := range unionKeys(rec.Flags, want.Flags) {
+		attr := fmt.Sprintf("flags[%q]", k)
+		o, hadOld := rec.Flags[k]
+		n, hasNew := want.Flags[k]
+		var c agent.Change
+		switch {
+		case hadOld && hasNew && o != n:
+			c = agent.Change{Attr: attr, Old: o, New: n, HasOld: true, HasNew: true}
+		case hadOld && !hasNew:
+			c = agent.Change{Attr: attr, Old: o, HasOld: true}
+		case !hadOld && hasNew:
+			c = agent.Change{Attr: attr, New: n, HasNew: true}
+		default:
+			continue
+		}
+		c.Sensitive = s.flagsSensitive
+		add(c)
+	}
+	if !slices.Equal(rec.Args, want.Args) {
+		add(agent.Set("args", listText(rec.Args), listText(want.Args)))
+	}
+	for _, k := range unionKeys(rec.Env, want.Env) {
+		attr := fmt.Sprintf("env[%q]", k)
+		o, hadOld := rec.Env[k]
+		n, hasNew := want.Env[k]
+		var c agent.Change
+		switch {
+		case hadOld && hasNew && o != n:
+			c = agent.Set(attr, o, n)
+		case hadOld && !hasNew:
+			c = agent.Removed(attr, o)
+		case !hadOld && hasNew:
+			c = agent.Added(attr, n)
+		default:
+			continue
+		}
+		c.Sensitive = s.envSensitive
+		add(c)
+	}
+	if rec.Workdir != want.Workdir {
+		add(agent.Set("workdir", rec.Workdir, want.Workdir))
+	}
+	if rec.User != want.User {
+		add(agent.Set("user", rec.User, want.User))
+	}
+	if len(out) == 0 && !slices.Equal(rec.Argv, want.Argv) {
+		add(agent.Set("argv", listText(rec.Argv), listText(want.Argv)))
+	}
+	return out
+}
+
+func unionKeys(a, b map[string]string) []string {
+	keys := slices.Collect(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func listText(l []string) string {
+	q := make([]string, len(l))
+	for i, s := range l {
+		q[i] = strconv.Quote(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// serverDetail is what Check decided, for Apply.
+type serverDetail struct {
+	// adopt is the record of a matching process the agent did not start.
+	adopt *serverRecord
+	// prev is the previous record (its generation counts; its process, or what is left
+	// of it, is stopped first when stop is set).
+	prev *serverRecord
+	stop bool
+	// takeover is a foreign process holding the port, stopped because takeover = true.
+	takeover *proc.Target
+}
+
+// Check observes the recorded process in /proc and its readiness, and the port.
+func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	var rec serverRecord
+	has, err := env.State.Load(&rec)
+	if err != nil {
+		return nil, err
+	}
+	procs := s.lifecycle().Runner.Procs()
+	alive := false
+	if has {
+		if alive, err = procs.Alive(rec.id()); err != nil {
+			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
+		}
+	}
+	if alive {
+		if changes := s.identityChanges(&rec); len(changes) > 0 {
+			return &agent.Diff{Action: agent.Restart, Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
+		}
+		return s.checkReady(ctx, env, &rec)
+	}
+
+	det := &serverDetail{stop: has}
+	d := &agent.Diff{Action: agent.Create, Detail: det}
+	if has {
+		det.prev = &rec
+		d.Action = agent.Restart
+		c := agent.Set("process", fmt.Sprintf("pid %d (generation %d) is gone", rec.PID, rec.Generation), "a new generation")
+		c.Note = "relaunch"
+		d.Add(c)
+		if f, ok := lifecycle.Failure(rec.LogPath); ok && rec.LogPath != "" {
+			d.Warnings = append(d.Warnings, fmt.Sprintf("generation %d's log shows %s", rec.Generation, f))
+		}
+		d.Changes = append(d.Changes, s.identityChanges(&rec)...)
+	} else {
+		d.Add(agent.Added("argv", listText(s.argv())))
+		if len(s.env) > 0 {
+			c := agent.Added("env", fmt.Sprintf("%d variables", len(s.env)))
+			c.Sensitive = s.envSensitive
+			d.Add(c)
+		}
+		if s.port > 0 {
+			d.Add(agent.Added("port", s.port))
+		}
+	}
+	if s.port == 0 {
+		return d, nil
+	}
+	owner, err := s.portHolder(procs, det.prev)
+	if err != nil || owner == nil {
+		return d, err
+	}
+	if s.matches(procs, owner) {
+		adopt := s.record()
+		adopt.Generation = 0
+		if det.prev != nil {
+			adopt.Generation = det.prev.Generation
+			adopt.LogPath = ""
+		}
+		adopt.PID, adopt.StartTicks, adopt.Adopted = owner.PID, owner.StartTicks, true
+		if owner.PGRP == owner.PID {
+			adopt.PGID = owner.PGRP
+		}
+		if owner.Session == owner.PID {
+			adopt.SID = owner.Session
+		}
+		adopt.LaunchedAt = time.Time{}
+		if st, err := procStart(procs, owner.StartTicks); err == nil {
+			adopt.LaunchedAt = st
+		}
+		det.adopt, det.stop = &adopt, false
+		c := agent.Set("pid", "not recorded", fmt.Sprintf("%d, already running this exact command line on port %d", owner.PID, s.port))
+		c.Note = "adopt, no restart"
+		return &agent.Diff{Action: agent.Update, Changes: []agent.Change{c}, Detail: det}, nil
+	}
+	desc := describeProc(procs, owner.PID)
+	if !s.takeover {
+		return nil, fmt.Errorf("port %d is held by %s, which this agent did not start and which does not run this server's command line; it was not touched: stop it yourself, or set takeover = true to let the agent stop it", s.port, desc)
+	}
+	t := foreignTarget(*owner)
+	det.takeover = &t
+	c := agent.Removed("takeover", desc)
+	c.Note = "takeover = true: stopped, verified"
+	d.Add(c)
+	if d.Action == agent.Create {
+		d.Action = agent.Replace
+	}
+	return d, nil
+}
+
+// checkReady judges a running server whose identity matches: ready is a no-op, and so
+// is not ready within its grace; past it, a relaunch.
+func (s *Server) checkReady(ctx context.Context, env *agent.Env, rec *serverRecord) (*agent.Diff, error) {
+	why := s.notReady(ctx, rec)
+	now := env.Now()
+	if why == "" {
+		if !rec.UnreadySince.IsZero() {
+			rec.UnreadySince = time.Time{}
+			if err := env.State.Save(rec); err != nil {
+				return nil, err
+			}
+		}
+		return agent.NoChange(), nil
+	}
+	if rec.UnreadySince.IsZero() {
+		rec.UnreadySince = now
+		if err := env.State.Save(rec); err != nil {
+			return nil, err
+		}
+	}
+	limit := rec.UnreadySince.Add(s.grace)
+	if l := rec.LaunchedAt.Add(s.ready.Timeout); !rec.Adopted && l.After(limit) {
+		limit = l
+	}
+	if now.Before(limit) {
+		d := agent.NoChange()
+		d.Warnings = append(d.Warnings, fmt.Sprintf("pid %d is not ready (%s) since %s; it is relaunched if still not ready at %s (unhealthy_grace %s)",
+			rec.PID, why, rec.UnreadySince.Format(time.TimeOnly), limit.Format(time.TimeOnly), s.grace))
+		return d, nil
+	}
+	c := agent.Set("readiness", fmt.Sprintf("not ready since %s: %s", rec.UnreadySince.Format(time.RFC3339), why), "a new generation")
+	c.Note = "restart: unhealthy for longer than unhealthy_grace " + s.grace.String()
+	return &agent.Diff{Action: agent.Restart, Changes: []agent.Change{c}, Detail: &serverDetail{prev: rec, stop: true}}, nil
+}
+
+// notReady probes readiness once; "" means ready. ready.http is the live probe; the
+// log line counts only when there is no HTTP probe (it says the server came up, not
+// that it still works).
+func (s *Server) notReady(ctx context.Context, rec *serverRecord) string {
+	if s.ready.HTTP != "" {
+		if err := s.lifecycle().ProbeHTTP(ctx, s.port, s.ready.HTTP); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+	if s.ready.LogLine != "" && rec.LogPath != "" {
+		m, err := lifecycle.ScanLog(ctx, rec.LogPath)
+		if err != nil {
+			return "log: " + err.Error()
+		}
+		if !m.Ready && !logHas(ctx, rec.LogPath, s.ready.LogLine) {
+			return fmt.Sprintf("%q not in generation %d's log", s.ready.LogLine, rec.Generation)
+		}
+	}
+	return ""
+}
+
+func logHas(ctx context.Context, path, line string) bool {
+	tail, err := lifecycle.Tail(path, 1<<20)
+	if err != nil {
+		return false
+	}
+	for _, l := range tail {
+		if strings.Contains(l, line) {
+			return true
+		}
+	}
+	return false
+}
+
+// portHolder returns the process listening on the port that is not part of the
+// previous launch (whose leftovers the stop takes care of), or nil.
+func (s *Server) portHolder(procs lifecycle.Procs, prev *serverRecord) (*proc.Stat, error) {
+	pids, err := procs.PortOwners(s.port)
+	if err != nil {
+		return nil, fmt.Errorf("port %d: %w", s.port, err)
+	}
+	for _, pid := range pids {
+		st, err := procs.Stat(pid)
+		if err != nil || st.Dead() {
+			continue
+		}
+		if prev != nil && ours(procs, st, prev) {
+			continue
+		}
+		return &st, nil
+	}
+	return nil, nil
+}
+
+// ours reports whether st belongs to the recorded launch: its group or session (started
+// no earlier than the leader), or it carries the launch's marker.
+func ours(procs lifecycle.Procs, st proc.Stat, rec *serverRecord) bool {
+	if st.StartTicks >= rec.StartTicks && ((rec.PGID != 0 && st.PGRP == rec.PGID) || (rec.SID != 0 && st.Session == rec.SID)) {
+		return true
+	}
+	if rec.Marker != "" {
+		if env, err := procs.Environ(st.PID); err == nil && slices.Contains(env, rec.Marker) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches reports whether a process the agent did not start runs exactly this server:
+// the same argv, the declared environment, and the declared workdir when one is set.
+// It returns the stat of its topmost ancestor with the same argv (the launcher).
+func (s *Server) matches(procs lifecycle.Procs, st *proc.Stat) bool {
+	want := s.argv()
+	argv, err := procs.Cmdline(st.PID)
+	if err != nil || !slices.Equal(argv, want) {
+		return false
+	}
+	// Climb to the launcher: SGLang's children keep the parent's argv.
+	for st.PPID > 1 {
+		parent, err := procs.Stat(st.PPID)
+		if err != nil || parent.Dead() {
+			break
+		}
+		pargv, err := procs.Cmdline(parent.PID)
+		if err != nil || !slices.Equal(pargv, want) {
+			break
+		}
+		*st = parent
+	}
+	if len(s.env) > 0 {
+		env, err := procs.Environ(st.PID)
+		if err != nil {
+			return false
+		}
+		for k, v := range s.env {
+			if !slices.Contains(env, k+"="+v) {
+				return false
+			}
+		}
+	}
+	if s.workdir != defaultWorkdir {
+		if cwd, err := procs.Cwd(st.PID); err != nil || cwd != s.workdir {
+			return false
+		}
+	}
+	return true
+}
+
+// foreignTarget stops a process the agent did not start: its group and session only
+// when it leads them.
+func foreignTarget(st proc.Stat) proc.Target {
+	t := proc.Target{Leader: st.Identity()}
+	if st.PGRP == st.PID {
+		t.PGID = st.PGRP
+	}
+	if st.Session == st.PID {
+		t.SID = st.Session
+	}
+	return t
+}
+
+func describeProc(procs lifecycle.Procs, pid int) string {
+	d := "pid " + strconv.Itoa(pid)
+	if argv, err := procs.Cmdline(pid); err == nil && len(argv) > 0 {
+		d += " " + strconv.Quote(strings.Join(argv, " "))
+	}
+	return d
+}
+
+func procStart(procs lifecycle.Procs, ticks uint64) (time.Time, error) {
+	boot, err := procs.BootTime()
+	if err != nil {
+		return time.Time{}, err
+	}
+	return proc.StartTime(boot, ticks), nil
+}
+
+// Apply adopts, or stops what must stop (verified) and launches a new generation
+// (verified: alive, log grown, ready, smoke test).
+func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+	det, ok := d.Detail.(*serverDetail)
+	if !ok {
+		return fmt.Errorf("internal error: diff detail is %T", d.Detail)
+	}
+	if det.adopt != nil {
+		env.Log.Info("adopting a running server", "pid", det.adopt.PID)
+		return env.State.Save(det.adopt)
+	}
+	lc := s.lifecycle()
+	prevGen := 0
+	if det.prev != nil {
+		prevGen = det.prev.Generation
+	}
+	if det.stop && det.prev != nil {
+		rep, err := lc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, s.port)
+		if err != nil {
+			return fmt.Errorf("stop generation %d (pid %d): %w", det.prev.Generation, det.prev.PID, err)
+		}
+		env.Log.Info("stopped", "generation", det.prev.Generation, "pid", det.prev.PID, "result", lifecycle.Summary(rep))
+	}
+	if det.takeover != nil {
+		rep, err := lc.Stop(ctx, *det.takeover, s.stopSignal, s.stopTimeout, s.port)
+		if err != nil {
+			return fmt.Errorf("takeover of pid %d: %w", det.takeover.Leader.PID, err)
+		}
+		env.Log.Info("took over the port", "pid", det.takeover.Leader.PID, "result", lifecycle.Summary(rep))
+	}
+	procs := lc.Runner.Procs()
+	if s.port > 0 {
+		if err := procs.PortFree(ctx, s.port, 2*time.Second); err != nil {
+			if errors.Is(err, proc.ErrPortHeld) && !s.takeover {
+				return fmt.Errorf("not launching: %w; the holder was not started by this agent and was not touched (takeover = true lets the agent stop it)", err)
+			}
+			return fmt.Errorf("not launching: %w", err)
+		}
+	}
+	gen, err := lifecycle.NextGeneration(s.logDir, s.name, prevGen)
+	if err != nil {
+		return err
+	}
+	marker := fmt.Sprintf("AGENT_SERVER=%s#%d@%d", s.addr, gen, env.Now().UnixNano())
+	want := s.record()
+	spec := lifecycle.Spec{Argv: want.Argv, Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker}
+	var rec serverRecord
+	x, err := lc.Launch(ctx, lifecycle.LaunchOptions{
+		Name: s.name, LogDir: s.logDir, KeepLogs: s.keepLogs, Generation: gen, Spec: spec, Port: s.port,
+		Ready: s.ready, Smoke: s.smoke,
+		OnStarted: func(x *lifecycle.Launched) error {
+			rec = want
+			rec.Generation, rec.PID, rec.StartTicks, rec.PGID, rec.SID = gen, x.ID.PID, x.ID.StartTicks, x.PGID, x.SID
+			rec.Marker, rec.LogPath, rec.LaunchedAt = marker, x.LogPath, x.LaunchedAt
+			env.Log.Info("launched", "generation", gen, "pid", x.ID.PID, "log", x.LogPath)
+			return env.State.Save(&rec)
+		},
+	})
+	if x != nil && !x.ReadyAt.IsZero() {
+		rec.ReadyAt = x.ReadyAt
+		if serr := env.State.Save(&rec); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+// Status is the live state: the process, its generation's log and serving metrics,
+// readiness, and the smoke test's verdict. A failed smoke test is "degraded", and the
+// server is left alone.
+func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
+	var rec serverRecord
+	has, err := env.State.Load(&rec)
+	if err != nil {
+		return nil, err
+	}
+	if !has {
+		return &agent.Status{Healthy: false, Summary: "not launched by this agent yet"}, nil
+	}
+	lc := s.lifecycle()
+	procs := lc.Runner.Procs()
+	st := &agent.Status{Healthy: true}
+	field := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
+	now := env.Now()
+	alive, err := procs.Alive(rec.id())
+	if err != nil {
+		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
+	}
+	field("pid", strconv.Itoa(rec.PID))
+	if t, err := procStart(procs, rec.StartTicks); err == nil {
+		field("started", fmt.Sprintf("%s (%s ago)", t.Format("2006-01-02 15:04:05"), age(now.Sub(t))))
+	}
+	gen := strconv.Itoa(rec.Generation)
+	if rec.Adopted {
+		gen += " (adopted: not launched by this agent)"
+	}
+	field("generation", gen)
+	var m sglang.Metrics
+	if rec.LogPath != "" {
+		field("log", rec.LogPath)
+		m, err = lifecycle.ScanLog(ctx, rec.LogPath)
+		switch {
+		case err != nil:
+			field("newest line", "log unreadable: "+err.Error())
+		case m.LastLineTime.IsZero() && m.Lines == 0:
+			field("newest line", fmt.Sprintf("none: generation %d's log has no line yet", rec.Generation))
+		case m.LastLineTime.IsZero():
+			field("newest line", fmt.Sprintf("%d lines, none with a time (generation %d)", m.Lines, rec.Generation))
+		default:
+			field("newest line", fmt.Sprintf("%s (%s ago)", m.LastLineTime.Format("2006-01-02 15:04:05"), age(now.Sub(m.LastLineTime))))
+		}
+	}
+	if !alive {
+		st.Healthy = false
+		st.Summary = fmt.Sprintf("not running: pid %d (generation %d) is gone", rec.PID, rec.Generation)
+		if rec.LogPath != "" {
+			if f, ok := lifecycle.Failure(rec.LogPath); ok {
+				field("failure", f.String())
+				st.Summary += ": " + f.Title
+			} else if tail, err := lifecycle.Tail(rec.LogPath, 1); err == nil && len(tail) > 0 {
+				field("last line", tail[0])
+			}
+		}
+		return st, nil
+	}
+	var problems []string
+	if changes := s.identityChanges(&rec); len(changes) > 0 {
+		var attrs []string
+		for _, c := range changes {
+			attrs = append(attrs, c.Attr)
+		}
+		problems = append(problems, "drift: restart of "+strings.Join(attrs, ", "))
+	}
+	ready := s.notReady(ctx, &rec)
+	if ready == "" {
+		field("readiness", "ready")
+	} else {
+		field("readiness", "not ready: "+ready)
+		problems = append(problems, "not ready")
+	}
+	metricFields(field, m)
+	if s.enableMetrics && s.port > 0 {
+		if pm, err := lc.Metrics(ctx, s.port); err != nil {
+			field("/metrics", "unavailable: "+err.Error())
+		} else {
+			promFields(field, pm)
+		}
+	}
+	if s.smoke != nil && ready == "" {
+		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
+		switch {
+		case err != nil:
+			field("smoke test", "no answer: "+err.Error())
+			problems = append(problems, "smoke test got no answer")
+		case r.OK:
+			field("smoke test", fmt.Sprintf("passed (repetition %.2f)", r.Repetition))
+		default:
+			field("smoke test", "failed: "+r.Reason)
+			field("smoke output", strconv.Quote(r.Output))
+			problems = append(problems, "smoke test failed ("+r.Reason+"); the server is left running: a bad answer is a sampling problem, not a server fault")
+		}
+	}
+	if len(problems) > 0 {
+		st.Healthy = false
+		st.Summary = fmt.Sprintf("degraded, generation %d running: %s", rec.Generation, strings.Join(problems, "; "))
+		return st, nil
+	}
+	st.Summary = fmt.Sprintf("running, ready, generation %d", rec.Generation)
+	return st, nil
+}
+
+func metricFields(field func(string, string), m sglang.Metrics) {
+	f2 := func(name string, v *float64, format string) {
+		if v != nil {
+			field(name, fmt.Sprintf(format, *v))
+		}
+	}
+	f2("accept len", m.AcceptLen, "%.2f")
+	f2("accept rate", m.AcceptRate, "%.2f")
+	f2("gen throughput", m.GenThroughput, "%.2f token/s")
+	f2("token usage", m.TokenUsage, "%.2f")
+	f2("mamba usage", m.MambaUsage, "%.2f")
+	if m.RunningReqs != nil {
+		q := 0
+		if m.QueueReqs != nil {
+			q = *m.QueueReqs
+		}
+		field("requests", fmt.Sprintf("%d running, %d queued", *m.RunningReqs, q))
+	}
+	if !m.LastEvent.IsZero() {
+		field("newest batch line", m.LastEvent.Format("2006-01-02 15:04:05"))
+	}
+}
+
+func promFields(field func(string, string), m sglang.Metrics) {
+	f := func(name string, v *float64, format string) {
+		if v != nil {
+			field(name, fmt.Sprintf(format, *v))
+		}
+	}
+	f("/metrics accept len", m.AcceptLen, "%.2f")
+	f("/metrics gen throughput", m.GenThroughput, "%.2f token/s")
+	f("/metrics token usage", m.TokenUsage, "%.2f")
+	f("/metrics prompt tokens", m.PromptTokens, "%.0f")
+	f("/metrics generation tokens", m.GenerationTokens, "%.0f")
+	f("/metrics requests", m.Requests, "%.0f")
+}
+
+func age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Minute).String()
+}

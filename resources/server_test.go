@@ -1,0 +1,457 @@
+package resources
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
+)
+
+// The fake SGLang server, built once per test binary (into a temporary directory left
+// for the OS to clean: this package's TestMain belongs to the container tests).
+var fakeBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func fakeSGLang(t *testing.T) string {
+	t.Helper()
+	fakeBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "agent-server-test")
+		if err != nil {
+			fakeBuild.err = err
+			return
+		}
+		fakeBuild.path = filepath.Join(dir, "fake-sglang")
+		out, err := exec.Command("go", "build", "-o", fakeBuild.path, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput()
+		if err != nil {
+			fakeBuild.err = fmt.Errorf("build fake-sglang: %v\n%s", err, out)
+		}
+	})
+	if fakeBuild.err != nil {
+		t.Fatal(fakeBuild.err)
+	}
+	return fakeBuild.path
+}
+
+func srvFreePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// srvPlan is a server on the fake; variables change one thing at a time.
+const srvPlan = `
+variable "fake" {}
+variable "logs" {}
+variable "port" { type = number }
+variable "mem" {
+  type    = number
+  default = 0.8
+}
+variable "faults" { default = "" }
+variable "penalty" {
+  type    = number
+  default = 1.5
+}
+variable "takeover" { default = false }
+
+server "qwen" {
+  command = [var.fake]
+  flags = {
+    "model-path"                   = "Qwen/Qwen3-8B"
+    "port"                         = var.port
+    "mem-fraction-static"          = var.mem
+    "speculative-algorithm"        = "NEXTN"
+    "speculative-num-draft-tokens" = 4
+    "enable-metrics"               = true
+    "disable-cuda-graph"           = false
+  }
+  env  = { FAKE_SGLANG = var.faults, FAKE_SGLANG_DECODE_INTERVAL = "100ms" }
+  port = var.port
+  ready {
+    http     = "/health"
+    log_line = "The server is fired up and ready to roll!"
+    timeout  = "15s"
+  }
+  stop {
+    timeout = "1s"
+  }
+  smoke_test {
+    prompt         = "What is 2+2? Answer with one number."
+    sampling       = { temperature = 0.7, top_p = 0.8, presence_penalty = var.penalty }
+    max_tokens     = 64
+    expect         = "4"
+    max_repetition = 0.3
+  }
+  takeover = var.takeover
+  log_dir  = var.logs
+}
+`
+
+// srvHarness runs successive agent runs (a fresh engine each) on one state directory.
+type srvHarness struct {
+	t     *testing.T
+	dir   string
+	port  int
+	store *state.Store
+}
+
+func newSrvHarness(t *testing.T) *srvHarness {
+	t.Helper()
+	h := &srvHarness{t: t, dir: t.TempDir(), port: srvFreePort(t)}
+	var err error
+	if h.store, err = state.Open(filepath.Join(h.dir, "state")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.kill)
+	return h
+}
+
+func (h *srvHarness) logs() string { return filepath.Join(h.dir, "logs") }
+
+func (h *srvHarness) engine(vars ...string) *agent.Engine {
+	h.t.Helper()
+	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
+	p, diags := plans.LoadSources(h.dir, []plans.Source{{Name: filepath.Join(h.dir, "plan.hcl"), Data: []byte(srvPlan)}},
+		plans.Options{Schemas: agent.Schemas(KindsFor(Host{})), Vars: vars})
+	if diags.HasErrors() {
+		h.t.Fatal(diags.Error())
+	}
+	e, err := agent.New(p, KindsFor(Host{}), h.store, agent.Options{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return e
+}
+
+func (h *srvHarness) plan(vars ...string) *agent.Step {
+	h.t.Helper()
+	return h.engine(vars...).Plan(context.Background()).Steps[0]
+}
+
+func (h *srvHarness) apply(vars ...string) *agent.Step {
+	h.t.Helper()
+	return h.engine(vars...).Apply(context.Background(), nil).Steps[0]
+}
+
+func (h *srvHarness) status(vars ...string) *agent.Step {
+	h.t.Helper()
+	return h.engine(vars...).Status(context.Background()).Steps[0]
+}
+
+func (h *srvHarness) record() serverRecord {
+	h.t.Helper()
+	var r serverRecord
+	if ok, err := h.store.Load("server.qwen", &r); !ok || err != nil {
+		h.t.Fatalf("no record: %v", err)
+	}
+	return r
+}
+
+// kill ends whatever the test left running: the recorded launch, verified.
+func (h *srvHarness) kill() {
+	var r serverRecord
+	if ok, _ := h.store.Load("server.qwen", &r); ok && r.PID > 1 {
+		_, _ = proc.FS{}.Stop(context.Background(), r.target(), syscall.SIGKILL, time.Second)
+	}
+}
+
+func mustOK(t *testing.T, st *agent.Step) {
+	t.Helper()
+	if st.Err != nil {
+		t.Fatalf("%s: %v", st.Addr, st.Err)
+	}
+}
+
+func alive(id proc.Identity) bool {
+	ok, _ := proc.FS{}.Alive(id)
+	return ok
+}
+
+func fieldOf(st *agent.Status, name string) string {
+	for _, f := range st.Fields {
+		if f.Name == name {
+			return f.Value
+		}
+	}
+	return ""
+}
+
+// Points 1, 2, 4, 6, 9: launch, a no-op on a healthy matching server (same PID and
+// start time), a changed flag relaunches exactly once with a flag-level reason.
+func TestServerLaunchNoOpAndFlagRelaunch(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.Create {
+		t.Fatalf("first plan: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, h.apply())
+	first := h.record()
+	if first.Generation != 1 || first.LogPath != filepath.Join(h.logs(), "qwen.1.log") || first.PGID != first.PID {
+		t.Errorf("record = %+v", first)
+	}
+	if !strings.Contains(strings.Join(first.Argv, " "), "--enable-metrics --mem-fraction-static 0.8 --model-path Qwen/Qwen3-8B --port") ||
+		strings.Contains(strings.Join(first.Argv, " "), "disable-cuda-graph") {
+		t.Errorf("argv = %q", first.Argv)
+	}
+
+	// Healthy and matching: untouched by plan and apply.
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan after apply: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, h.apply())
+	if r := h.record(); r.id() != first.id() || r.Generation != 1 || !alive(first.id()) {
+		t.Fatalf("a healthy matching server was touched: %+v", r)
+	}
+
+	st := h.status()
+	mustOK(t, st)
+	if !st.Status.Healthy || fieldOf(st.Status, "accept rate") != "0.97" || fieldOf(st.Status, "generation") != "1" ||
+		!strings.Contains(fieldOf(st.Status, "smoke test"), "passed") || fieldOf(st.Status, "/metrics requests") == "" {
+		t.Errorf("status = %+v", st.Status)
+	}
+
+	// A changed flag: one restart, with the flag named.
+	step := h.plan("mem=0.85")
+	if step.Err != nil || step.Diff.Action != agent.Restart || len(step.Diff.Changes) != 1 {
+		t.Fatalf("plan: %v %+v", step.Err, step.Diff)
+	}
+	if c := step.Diff.Changes[0]; c.Attr != `flags["mem-fraction-static"]` || c.Old != "0.8" || c.New != "0.85" || c.Note != "restart" {
+		t.Errorf("change = %+v", c)
+	}
+	mustOK(t, h.apply("mem=0.85"))
+	second := h.record()
+	if second.Generation != 2 || second.id() == first.id() || alive(first.id()) || !alive(second.id()) {
+		t.Fatalf("relaunch: first %v (alive %v), second %+v", first.id(), alive(first.id()), second)
+	}
+	mustOK(t, h.apply("mem=0.85"))
+	if r := h.record(); r.id() != second.id() {
+		t.Errorf("relaunched more than once: %+v", r)
+	}
+	if target, _ := os.Readlink(filepath.Join(h.logs(), "qwen.log")); target != "qwen.2.log" {
+		t.Errorf("qwen.log -> %q", target)
+	}
+}
+
+// Point 5 and the field report: output that loops under bad sampling is reported as
+// degraded with the output, and the healthy server is never killed for it.
+func TestServerLoopingOutputDegradedNotKilled(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply("faults=loop"))
+	first := h.record()
+	// The sampling is not the server's identity: no change, no kill.
+	if st := h.plan("faults=loop", "penalty=0"); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, h.apply("faults=loop", "penalty=0"))
+	st := h.status("faults=loop", "penalty=0")
+	mustOK(t, st)
+	if st.Status.Healthy || !strings.Contains(st.Status.Summary, "smoke test failed") ||
+		!strings.Contains(fieldOf(st.Status, "smoke output"), "The user is asking for the result of 2+2.") {
+		t.Errorf("status = %+v", st.Status)
+	}
+	if r := h.record(); r.id() != first.id() || !alive(first.id()) {
+		t.Fatal("a server whose output loops was killed")
+	}
+}
+
+// Point 4 and the silent crash: the OOM launch is reported with its own log line, and
+// status names the failure of that generation.
+func TestServerOOMReportedWithItsLogLine(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	first := h.record()
+	st := h.apply("faults=oom")
+	if st.Err == nil {
+		t.Fatal("an OOM launch applied without error")
+	}
+	msg := st.Err.Error()
+	for _, want := range []string{"launch of generation 2 failed", "exited", "out of GPU memory", "CUDA out of memory", "qwen.2.log", `env["FAKE_SGLANG"]`} {
+		if !strings.Contains(msg+fmt.Sprint(st.Diff.Changes), want) {
+			t.Errorf("apply error lacks %q:\n%s", want, msg)
+		}
+	}
+	if alive(first.id()) {
+		t.Error("generation 1 survived its relaunch")
+	}
+	s := h.status("faults=oom")
+	mustOK(t, s)
+	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "2" {
+		t.Errorf("status = %+v", s.Status)
+	}
+}
+
+// The stale log: a relaunch that dies before writing a line is never shown with the
+// previous generation's lines.
+func TestServerStaleLogNeverShownAsCurrent(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	// exit-on-start writes its traceback; a command that writes nothing is starker.
+	st := h.apply("fake=/bin/false")
+	if st.Err == nil || !strings.Contains(st.Err.Error(), "has no line from this generation") {
+		t.Fatalf("apply: %v", st.Err)
+	}
+	s := h.status("fake=/bin/false")
+	mustOK(t, s)
+	if got := fieldOf(s.Status, "newest line"); !strings.Contains(got, "generation 2's log has no line") {
+		t.Errorf("newest line = %q", got)
+	}
+	if fieldOf(s.Status, "accept rate") != "" || fieldOf(s.Status, "log") != filepath.Join(h.logs(), "qwen.2.log") {
+		t.Errorf("status shows another generation's log: %+v", s.Status)
+	}
+	if b, _ := os.ReadFile(filepath.Join(h.logs(), "qwen.1.log")); !strings.Contains(string(b), "fired up") {
+		t.Error("generation 1's log was not kept")
+	}
+}
+
+// Point 2: a foreign process on the port is never signalled without takeover; with
+// takeover it is stopped (verified) and the server launched. A process running exactly
+// the declared command line is adopted, not restarted.
+func TestServerForeignPortAndAdoption(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	foreign := exec.Command(fakeSGLang(t), "--model-path", "someone/else", "--port", strconv.Itoa(h.port))
+	foreign.Env = []string{"FAKE_SGLANG_DECODE_INTERVAL=0"}
+	foreign.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := foreign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go foreign.Wait()
+	t.Cleanup(func() { _ = syscall.Kill(-foreign.Process.Pid, syscall.SIGKILL) })
+	fid := waitPortOwner(t, h.port)
+	for _, st := range []*agent.Step{h.plan(), h.apply()} {
+		if st.Err == nil || !strings.Contains(st.Err.Error(), fmt.Sprintf("held by pid %d", fid.PID)) || !strings.Contains(st.Err.Error(), "someone/else") {
+			t.Errorf("err = %v", st.Err)
+		}
+	}
+	if !alive(fid) {
+		t.Fatal("the foreign process was signalled without takeover")
+	}
+	mustOK(t, h.apply("takeover=true"))
+	if alive(fid) {
+		t.Error("takeover did not stop the foreign process")
+	}
+	launched := h.record()
+	h.kill()
+	_ = h.store.Delete("server.qwen")
+
+	// Adoption: the exact argv, started by someone else.
+	own := exec.Command(launched.Argv[0], launched.Argv[1:]...)
+	own.Env = []string{"FAKE_SGLANG=", "FAKE_SGLANG_DECODE_INTERVAL=100ms"}
+	own.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := own.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go own.Wait()
+	t.Cleanup(func() { _ = syscall.Kill(-own.Process.Pid, syscall.SIGKILL) })
+	oid := waitPortOwner(t, h.port)
+	st := h.plan()
+	if st.Err != nil || st.Diff.Action != agent.Update {
+		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, h.apply())
+	if r := h.record(); r.id() != oid || !r.Adopted || !alive(oid) {
+		t.Errorf("record = %+v, want the adopted %v", r, oid)
+	}
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Errorf("plan after adoption: %v %+v", st.Err, st.Diff)
+	}
+}
+
+func waitPortOwner(t *testing.T, port int) proc.Identity {
+	t.Helper()
+	for range 200 {
+		if pids, _ := (proc.FS{}).PortOwners(port); len(pids) > 0 {
+			id, err := proc.FS{}.Identify(pids[0])
+			if err == nil {
+				return id
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("nothing listens on %d", port)
+	return proc.Identity{}
+}
+
+// Point 3: a dead server is relaunched; leftovers that ignore SIGTERM, children in
+// another session and a child holding the port are all stopped, verified, first.
+func TestServerDeadLeaderLeftoversStoppedThenRelaunched(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	faults := "faults=ignore-sigterm,children=2,setsid-child,hold-port"
+	mustOK(t, h.apply(faults))
+	first := h.record()
+	_ = syscall.Kill(first.PID, syscall.SIGKILL) // the leader only: children and the port holder live on
+	for alive(first.id()) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	st := h.plan(faults)
+	if st.Err != nil || st.Diff.Action != agent.Restart || st.Diff.Changes[0].Attr != "process" {
+		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, h.apply(faults))
+	if r := h.record(); r.Generation != 2 || !alive(r.id()) {
+		t.Errorf("record = %+v", r)
+	}
+	// Nothing of generation 1 is left.
+	all, _ := proc.FS{}.All()
+	for _, s := range all {
+		if env, err := (proc.FS{}).Environ(s.PID); err == nil && !s.Dead() {
+			for _, e := range env {
+				if e == first.Marker {
+					t.Errorf("pid %d of generation 1 survived", s.PID)
+				}
+			}
+		}
+	}
+}
+
+func TestServerBindErrors(t *testing.T) {
+	t.Parallel()
+	src := `
+server "a" {
+  container = "sglang"
+  command   = []
+  flags     = { port = 1, bad = [1] }
+  port      = 2
+  stop { signal = "SIGNOPE" }
+  ready { timeout = "soon" }
+}
+`
+	p, diags := plans.LoadSources("/x", []plans.Source{{Name: "/x/plan.hcl", Data: []byte(src)}}, plans.Options{Schemas: agent.Schemas(KindsFor(Host{}))})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	_, diags = agent.Bind(p, KindsFor(Host{}))
+	var msg string
+	for _, d := range diags {
+		msg += d.Summary + ": " + d.Detail + "\n"
+	}
+	for _, want := range []string{"not yet supported", "Empty command", "Invalid flags", "Port differs", "Unknown signal", "Invalid duration"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("diagnostics lack %q: %s", want, msg)
+		}
+	}
+}
