@@ -35,6 +35,7 @@ func KindsFor(h Host) []agent.Kind {
 	h = h.withDefaults()
 	return []agent.Kind{
 		FileKind(),
+		ContainerKind(h),
 		ServerKind(h),
 	}
 }

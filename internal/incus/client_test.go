@@ -685,3 +685,26 @@ func TestQuery(t *testing.T) {
 		t.Error("relative path accepted")
 	}
 }
+
+// TestCreateInstanceTarget checks that a cluster member goes into the query
+// string, not the body.
+func TestCreateInstanceTarget(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	var body map[string]any
+	f.mux.HandleFunc("POST /1.0/instances", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		writeAsync(w, "create-t", nil)
+	})
+	f.finishOp("create-t", nil)
+	err := f.client.CreateInstance(testCtx(t), InstancesPost{Name: "c1", Source: InstanceSource{Alias: "img"}, Target: "member2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls := f.Calls(); len(calls) == 0 || calls[0] != "POST /1.0/instances?target=member2" {
+		t.Errorf("calls = %v, want POST /1.0/instances?target=member2 first", calls)
+	}
+	if _, ok := body["target"]; ok {
+		t.Errorf("target leaked into the body: %v", body)
+	}
+}

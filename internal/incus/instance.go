@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -57,6 +58,9 @@ type InstancesPost struct {
 	Type   string         `json:"type,omitempty"` // "container" (default) or "virtual-machine"
 	Source InstanceSource `json:"source"`
 	Start  bool           `json:"start,omitempty"`
+	// Target is the cluster member to create the instance on, sent as
+	// ?target=; empty lets the cluster (or the lone server) choose.
+	Target string `json:"-"`
 }
 
 // InstancePatch is the body of PATCH /1.0/instances/{name}: the given config
@@ -122,6 +126,9 @@ func (c *Client) CreateInstance(ctx context.Context, req InstancesPost) error {
 		return fmt.Errorf("incus: create instance %s: image source needs an alias or a fingerprint", req.Name)
 	}
 	r := request{method: http.MethodPost, path: "/1.0/instances", body: req}
+	if req.Target != "" {
+		r.query = url.Values{"target": {req.Target}}
+	}
 	_, err := c.run(ctx, r)
 	if errors.Is(err, ErrOperationGone) {
 		// The outcome was lost; the instance's existence is the outcome.

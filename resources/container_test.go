@@ -1,0 +1,513 @@
+package resources
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/incus/incustest"
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
+)
+
+// incusd is this test binary's private Incus daemon, started by the first container
+// test (the others in this package never start it).
+var incusd = incustest.NewShared()
+
+func TestMain(m *testing.M) { os.Exit(incusd.Run(m)) }
+
+// fakeGPUs is a gpu.Observer that reports fixed GPUs.
+type fakeGPUs struct{ info gpu.Info }
+
+func (f fakeGPUs) Observe(context.Context) (gpu.Info, error) { return f.info, nil }
+
+// a6000 is what the missing-GPU error should list: a host with one RTX A6000.
+var a6000 = fakeGPUs{gpu.Info{State: gpu.StateOK, Source: gpu.SourceNVML, DriverVersion: "580.95.05",
+	GPUs: []gpu.Device{{Index: 0, Name: "NVIDIA RTX A6000", PCIBusID: "00000000:01:00.0"}}}}
+
+// ctrHarness runs plans for one container against the private daemon, with one state
+// store across runs, as successive `agent apply` runs on one host would.
+type ctrHarness struct {
+	t     *testing.T
+	d     *incustest.Daemon
+	dir   string
+	store *state.Store
+	name  string
+}
+
+func newCtrHarness(t *testing.T) *ctrHarness {
+	t.Helper()
+	d := incusd.Start(t)
+	dir := t.TempDir()
+	store, err := state.Open(filepath.Join(dir, ".state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &ctrHarness{t: t, d: d, dir: dir, store: store, name: d.InstanceName(t)}
+}
+
+// plan binds a container block body (the instance name and the socket are filled in).
+func (h *ctrHarness) engine(body string) *agent.Engine {
+	h.t.Helper()
+	src := fmt.Sprintf(`
+variable "incus_socket" {}
+agent { incus_socket = var.incus_socket }
+container "c" {
+  name = %q
+%s
+}
+`, h.name, body)
+	p, diags := plans.LoadSources(h.dir, []plans.Source{{Name: filepath.Join(h.dir, "plan.hcl"), Data: []byte(src)}},
+		plans.Options{Schemas: agent.Schemas(Kinds()), Vars: []string{"incus_socket=" + h.d.Socket}})
+	if diags.HasErrors() {
+		h.t.Fatal(diags.Error())
+	}
+	e, err := agent.New(p, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return e
+}
+
+// plan returns the container's diff (failing on an error).
+func (h *ctrHarness) plan(body string) *agent.Diff {
+	h.t.Helper()
+	rep := h.engine(body).Plan(context.Background())
+	if st := rep.Steps[0]; st.Err != nil {
+		h.t.Fatalf("plan: %v", st.Err)
+	}
+	return rep.Steps[0].Diff
+}
+
+// apply applies and requires success and a no-op plan afterwards; it returns the diff
+// that was applied.
+func (h *ctrHarness) apply(body string) *agent.Diff {
+	h.t.Helper()
+	e := h.engine(body)
+	rep := e.Apply(context.Background(), nil)
+	st := rep.Steps[0]
+	if st.Err != nil {
+		h.t.Fatalf("apply: %v\n%s", st.Err, h.d.LogTail(15))
+	}
+	again := e.Plan(context.Background()).Steps[0]
+	if again.Err != nil || again.Diff.Action != agent.NoOp {
+		h.t.Fatalf("second plan is not a no-op: %v %+v", again.Err, again.Diff)
+	}
+	return st.Diff
+}
+
+func (h *ctrHarness) inst() (*incus.Instance, string) {
+	h.t.Helper()
+	inst, etag, err := h.d.Client.GetInstance(context.Background(), h.name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return inst, etag
+}
+
+func (h *ctrHarness) pid() int64 {
+	h.t.Helper()
+	st, err := h.d.Client.InstanceState(context.Background(), h.name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return st.Pid
+}
+
+func (h *ctrHarness) exec(argv ...string) string {
+	h.t.Helper()
+	res, err := h.d.Client.Exec(context.Background(), h.name, incus.ExecRequest{Command: argv})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if res.ExitCode != 0 {
+		h.t.Fatalf("%v: exit %d: %s", argv, res.ExitCode, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
+func hasChange(d *agent.Diff, attr, note string) bool {
+	for _, c := range d.Changes {
+		if c.Attr == attr && strings.Contains(c.Note, note) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestContainerLifecycle: create, a config change applied in place with the ETag and
+// the server's keys preserved, a device added live, a restart-only key, a key removed
+// when it leaves the plan, a hand-set key left alone; a second plan is a no-op after
+// every apply (h.apply checks it).
+func TestContainerLifecycle(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	ctx := context.Background()
+
+	base := `  image  = "busybox"
+  stop_timeout = "10s"
+`
+	d := h.apply(base + `  config = { "user.answer" = 42, "user.flag" = true, "limits.processes" = "500" }`)
+	if d.Action != agent.Create {
+		t.Fatalf("first apply: %s, want create", d.Action)
+	}
+	inst, _ := h.inst()
+	if !inst.Running() || inst.Config["user.answer"] != "42" || inst.Config["user.flag"] != "true" {
+		t.Fatalf("created: %s %v", inst.Status, inst.Config)
+	}
+	if len(inst.Profiles) != 1 || inst.Profiles[0] != "default" {
+		t.Errorf("profiles = %v", inst.Profiles)
+	}
+	uuid, pid := inst.Config["volatile.uuid"], h.pid()
+
+	// In place: a changed value, under the ETag; volatile.* kept, no restart.
+	d = h.plan(base + `  config = { "user.answer" = 43, "user.flag" = true, "limits.processes" = "500" }`)
+	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Attr != `config["user.answer"]` || d.Changes[0].Old != `"42"` {
+		t.Fatalf("config change diff: %s %+v", d.Action, d.Changes)
+	}
+	_, etagBefore := h.inst()
+	h.apply(base + `  config = { "user.answer" = 43, "user.flag" = true, "limits.processes" = "500" }`)
+	inst, etagAfter := h.inst()
+	if inst.Config["user.answer"] != "43" || inst.Config["volatile.uuid"] != uuid || etagAfter == etagBefore {
+		t.Errorf("after update: %v (etag changed %v)", inst.Config, etagAfter != etagBefore)
+	}
+	if h.pid() != pid {
+		t.Error("an in-place config change restarted the instance")
+	}
+
+	// A key set by hand is not the plan's business: warned about, kept.
+	if err := h.d.Client.PatchInstance(ctx, h.name, incus.InstancePatch{Config: map[string]string{"user.by-hand": "x"}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	// A key that leaves the plan is removed (the state recorded it); a disk is added live.
+	models := t.TempDir()
+	if err := os.WriteFile(filepath.Join(models, "config.json"), []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withDisk := base + `  config = { "user.answer" = 43, "limits.processes" = "500" }
+  disk "models" {
+    source   = "` + models + `"
+    path     = "/models"
+    readonly = true
+  }
+`
+	d = h.plan(withDisk)
+	if d.Action != agent.Update || !hasChange(d, `config["user.flag"]`, "") || !hasChange(d, `disk["models"]`, "") {
+		t.Fatalf("disk diff: %s %+v", d.Action, d.Changes)
+	}
+	if len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "config user.by-hand") {
+		t.Errorf("warnings = %q, want one naming user.by-hand", d.Warnings)
+	}
+	h.apply(withDisk)
+	inst, _ = h.inst()
+	if _, ok := inst.Config["user.flag"]; ok || inst.Config["user.by-hand"] != "x" {
+		t.Errorf("after removal: %v", inst.Config)
+	}
+	if got := h.exec("ls", "/models"); got != "config.json\n" {
+		t.Errorf("ls /models inside = %q", got)
+	}
+	if res, _ := h.d.Client.Exec(ctx, h.name, incus.ExecRequest{Command: []string{"touch", "/models/x"}}); res == nil || res.ExitCode == 0 {
+		t.Error("readonly disk is writable inside")
+	}
+	if h.pid() != pid {
+		t.Error("adding a disk restarted the instance")
+	}
+
+	// A key LXC reads only at start: a restart, said so in the plan.
+	withRaw := strings.Replace(withDisk, `"limits.processes" = "500"`, `"limits.processes" = "500", "raw.lxc" = "lxc.environment = AGENT_TEST=1"`, 1)
+	d = h.plan(withRaw)
+	if d.Action != agent.Restart || !hasChange(d, `config["raw.lxc"]`, "restart") {
+		t.Fatalf("raw.lxc diff: %s %+v", d.Action, d.Changes)
+	}
+	h.apply(withRaw)
+	if h.pid() == pid {
+		t.Error("raw.lxc change did not restart the instance")
+	}
+
+	// Status: init PID, disks.
+	rep := h.engine(withRaw).Status(ctx)
+	st := rep.Steps[0].Status
+	if st == nil || !st.Healthy {
+		t.Fatalf("status: %+v %v", st, rep.Steps[0].Err)
+	}
+	fields := map[string]string{}
+	for _, f := range st.Fields {
+		fields[f.Name] = f.Value
+	}
+	if fields["status"] != "Running" || fields["init_pid"] == "" || !strings.Contains(fields["disks"], models+" → /models (ro)") {
+		t.Errorf("status fields: %v", fields)
+	}
+
+	// running = false stops it; the plan is then a no-op.
+	h.apply(withRaw + "  running = false\n")
+	if inst, _ = h.inst(); inst.Running() {
+		t.Error("running = false left it running")
+	}
+}
+
+// TestContainerReplace: an image change is refused without replace = "allowed" (and
+// nothing is touched), then carried out with it; the disk's host data survives.
+func TestContainerReplace(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	ctx := context.Background()
+
+	// A second image: published from a stopped helper instance.
+	helper := h.d.InstanceName(t)
+	if err := h.d.Client.CreateInstance(ctx, incus.InstancesPost{Name: helper, Source: incus.InstanceSource{Alias: h.d.Image}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.Client.PushFile(ctx, helper, "/etc/flavour", strings.NewReader("two\n"), incus.FileInfo{Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	alias := "img-" + helper
+	var op incus.Operation
+	if err := h.d.Client.Query(ctx, "POST", "/1.0/images", map[string]any{
+		"source":  map[string]any{"type": "instance", "name": helper},
+		"aliases": []map[string]string{{"name": alias}},
+	}, &op); err != nil {
+		t.Fatal(err)
+	}
+
+	data := t.TempDir()
+	weights := filepath.Join(data, "weights.bin")
+	if err := os.WriteFile(weights, []byte("52 GB of BF16"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	body := func(image, replace string) string {
+		return fmt.Sprintf(`  image = %q
+  replace = %q
+  stop_timeout = "5s"
+  disk "models" {
+    source = %q
+    path   = "/models"
+  }
+`, image, replace, data)
+	}
+	h.apply(body("busybox", "refuse"))
+	h.exec("touch", "/root/old-rootfs")
+	inst, etag := h.inst()
+	uuid := inst.Config["volatile.uuid"]
+
+	rep := h.engine(body(alias, "refuse")).Plan(ctx)
+	err := rep.Steps[0].Err
+	if err == nil || !strings.Contains(err.Error(), `replace = "allowed"`) || !strings.Contains(err.Error(), "image") {
+		t.Fatalf("refused replace: got %v", err)
+	}
+	t.Logf("refused replace: %v", err)
+	if rep := h.engine(body(alias, "refuse")).Apply(ctx, nil); rep.Steps[0].Err == nil {
+		t.Fatal("apply of a refused replace succeeded")
+	}
+	if _, etag2 := h.inst(); etag2 != etag {
+		t.Error("a refused replace changed the instance")
+	}
+
+	d := h.plan(body(alias, "allowed"))
+	if d.Action != agent.Replace || !hasChange(d, "image", "forces replacement") {
+		t.Fatalf("replace diff: %s %+v", d.Action, d.Changes)
+	}
+	h.apply(body(alias, "allowed"))
+	inst, _ = h.inst()
+	if inst.Config["volatile.uuid"] == uuid || !inst.Running() {
+		t.Errorf("not replaced: uuid %s, %s", inst.Config["volatile.uuid"], inst.Status)
+	}
+	if got := h.exec("cat", "/etc/flavour"); got != "two\n" {
+		t.Errorf("new image's /etc/flavour = %q", got)
+	}
+	if res, _ := h.d.Client.Exec(ctx, h.name, incus.ExecRequest{Command: []string{"test", "-e", "/root/old-rootfs"}}); res == nil || res.ExitCode == 0 {
+		t.Error("the old root filesystem survived a replace")
+	}
+	if got, err := os.ReadFile(weights); err != nil || string(got) != "52 GB of BF16" {
+		t.Fatalf("host data after replace: %q %v", got, err)
+	}
+	if got := h.exec("cat", "/models/weights.bin"); got != "52 GB of BF16" {
+		t.Errorf("inside after replace: %q", got)
+	}
+}
+
+// TestContainerGPUMissing: a gpu device naming a PCI address the host lacks fails at
+// start with Incus's message and the GPUs the host does have.
+func TestContainerGPUMissing(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	body := `  image = "busybox"
+  gpu "gpu0" { pci = "7f:1f.7" }
+`
+	d := h.plan(body)
+	found := false
+	for _, c := range d.Changes {
+		found = found || c.Attr == `gpu["gpu0"]` && c.New == `gpu {pci = "0000:7f:1f.7"}`
+	}
+	if !found {
+		t.Errorf("gpu diff: %+v", d.Changes)
+	}
+	rep := h.engine(body).Apply(context.Background(), nil)
+	err := rep.Steps[0].Err
+	if err == nil {
+		t.Fatal("start with a missing GPU succeeded")
+	}
+	t.Logf("missing GPU: %v", err)
+	for _, want := range []string{"Failed to start device \"gpu0\"", "0000:7f:1f.7", "GPUs on this host: pci 0000:01:00.0 (NVIDIA RTX A6000, nvidia-smi index 0)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	// The instance exists, stopped; the next plan still wants it started, no more.
+	d = h.plan(body)
+	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Attr != "running" {
+		t.Errorf("plan after the failed start: %s %+v", d.Action, d.Changes)
+	}
+}
+
+// TestContainerUserspaceAndFiles: exec and file push through the client, and the
+// userspace driver check: a libnvidia-ml.so.1 of another version is reported in the
+// diff and the apply fails with the fix; the right version is a no-op.
+func TestContainerUserspaceAndFiles(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	ctx := context.Background()
+	h.apply(`  image = "busybox"` + "\n")
+
+	lib := "/usr/lib/x86_64-linux-gnu"
+	if err := h.d.Client.PushFile(ctx, h.name, "/root/libnvidia-ml.so.550.54.14", strings.NewReader("\x7fELF fake"), incus.FileInfo{Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	h.exec("sh", "-c", "mkdir -p "+lib+" && mv /root/libnvidia-ml.so.550.54.14 "+lib+"/ && ln -s libnvidia-ml.so.550.54.14 "+lib+"/libnvidia-ml.so.1")
+	if got := h.exec("cat", lib+"/libnvidia-ml.so.1"); got != "\x7fELF fake" {
+		t.Fatalf("pushed library reads %q", got)
+	}
+
+	want := `  image = "busybox"
+  nvidia_userspace = "580.95.05"
+`
+	d := h.plan(want)
+	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Old != `"550.54.14"` || d.Changes[0].New != `"580.95.05"` {
+		t.Fatalf("userspace diff: %s %+v", d.Action, d.Changes)
+	}
+	rep := h.engine(want).Apply(ctx, nil)
+	if err := rep.Steps[0].Err; err == nil || !strings.Contains(err.Error(), "--no-kernel-module") || !strings.Contains(err.Error(), "550.54.14") {
+		t.Errorf("apply with a mismatched userspace driver: %v", err)
+	}
+	h.apply(`  image = "busybox"
+  nvidia_userspace = "550.54.14"
+`)
+}
+
+// TestContainerUnmanagedUntouched: instances the plan does not name are never changed,
+// stopped or deleted.
+func TestContainerUnmanagedUntouched(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	ctx := context.Background()
+	other := h.d.InstanceName(t)
+	if err := h.d.Client.CreateInstance(ctx, incus.InstancesPost{Name: other, Source: incus.InstanceSource{Alias: h.d.Image},
+		InstancePut: incus.InstancePut{Profiles: []string{"default"}, Config: map[string]string{"user.owner": "someone else"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.Client.Start(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	_, etag, _ := h.d.Client.GetInstance(ctx, other)
+	before, _ := h.d.Client.InstanceState(ctx, other)
+	h.apply(`  image = "busybox"` + "\n")
+	inst, etag2, err := h.d.Client.GetInstance(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := h.d.Client.InstanceState(ctx, other)
+	if etag2 != etag || !inst.Running() || after.Pid != before.Pid {
+		t.Errorf("unmanaged instance touched: etag same %v, %s, pid %d → %d", etag2 == etag, inst.Status, before.Pid, after.Pid)
+	}
+}
+
+// TestContainerBind covers the plan-time checks; no daemon needed.
+func TestContainerBind(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, body, want string }{
+		{"privileged nvidia runtime", `image = "u"
+  nvidia_runtime = true
+  config = { "security.privileged" = true }`, "refuses privileged containers"},
+		{"server-owned key", `image = "u"
+  config = { "volatile.uuid" = "x" }`, "set by Incus itself"},
+		{"replace value", `image = "u"
+  replace = "yes"`, `"refuse" (the default) or "allowed"`},
+		{"relative disk", `image = "u"
+  disk "m" {
+    source = "models"
+    path = "/models"
+  }`, "absolute host directory"},
+		{"duplicate device", `image = "u"
+  gpu "x" {}
+  disk "x" {
+    source = "/srv"
+    path = "/srv"
+  }`, "already declared"},
+		{"bad pci", `image = "u"
+  gpu "x" { pci = "first" }`, "not a PCI address"},
+		{"bad driver version", `image = "u"
+  nvidia_userspace = "latest"`, "not an NVIDIA driver version"},
+		{"ok", `image = "u"
+  config = { "limits.cpu" = 4, "boot.autostart" = false, "limits.memory" = "96GiB" }
+  nvidia_runtime = true
+  gpu "all" {}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := "container \"c\" {\n  " + tc.body + "\n}\n"
+			p, diags := plans.LoadSources(".", []plans.Source{{Name: "plan.hcl", Data: []byte(src)}}, plans.Options{Schemas: agent.Schemas(Kinds())})
+			if diags.HasErrors() {
+				t.Fatal(diags.Error())
+			}
+			res, diags := agent.Bind(p, []agent.Kind{ContainerKind(Host{})})
+			if tc.want == "" {
+				if diags.HasErrors() {
+					t.Fatal(diags.Error())
+				}
+				c := res["container.c"].(*Container)
+				if c.config["limits.cpu"] != "4" || c.config["boot.autostart"] != "false" || c.config["nvidia.runtime"] != "true" || c.name != "c" {
+					t.Errorf("config = %v, name %q", c.config, c.name)
+				}
+				if dev := c.devices["all"]; len(dev) != 1 || dev["type"] != "gpu" {
+					t.Errorf("gpu all = %v", dev)
+				}
+				return
+			}
+			if !diags.HasErrors() || !strings.Contains(diags.Error(), tc.want) {
+				t.Errorf("diagnostics %v, want %q", diags, tc.want)
+			}
+		})
+	}
+}
+
+// TestContainerRemoteImage: a remote the agent does not know is a clear error at plan
+// time.
+func TestContainerRemoteImage(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	rep := h.engine(`  image = "images:debian/12"` + "\n").Plan(context.Background())
+	err := rep.Steps[0].Err
+	if err == nil || !strings.Contains(err.Error(), `remote "images", which is not configured`) || !strings.Contains(err.Error(), "incus image copy images:debian/12 local:") {
+		t.Errorf("remote image: %v", err)
+	}
+}
+
+func TestParseUserspace(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"lib libnvidia-ml.so.580.95.05\n": "580.95.05",
+		"smi 550.54.14":                   "550.54.14",
+		"lib libnvidia-ml.so.1":           "",
+		"smi ":                            "",
+		"":                                "",
+	} {
+		if got := parseUserspace(in); got != want {
+			t.Errorf("parseUserspace(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
