@@ -36,6 +36,7 @@ func KindsFor(h Host) []agent.Kind {
 	return []agent.Kind{
 		FileKind(),
 		ContainerKind(h),
+		DownloadKind(h),
 		ServerKind(h),
 	}
 }

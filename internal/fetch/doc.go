@@ -44,7 +44,9 @@
 // file that changed underneath. Check's contract is stat-only: a file rewritten with the same
 // size and mtime is not noticed until its mtime changes.
 //
-// A limitation of grab: it learns whether to resume from a HEAD request. A server that refuses
-// HEAD or does not advertise Accept-Ranges gets a plain GET, and the file restarts from zero.
-// The result is still correct; only the resume is lost.
+// grab learns whether it may resume from a HEAD request. A server that refuses HEAD (403,
+// 405, 501) or answers it without Accept-Ranges is probed by the transport with a one-byte
+// range GET; a 206 is handed to grab as the HEAD answer (Accept-Ranges, total size, ETag), so
+// the resume still happens and its response is still checked in full. A server without range
+// support gets a plain GET and the file restarts from zero: correct, only the resume is lost.
 package fetch

@@ -616,3 +616,45 @@ func TestClientErrorsAreNotRetried(t *testing.T) {
 		t.Errorf("%d requests, want 1: a 401 is not retried", n)
 	}
 }
+
+// TestResumeWithoutHEAD: a server that refuses HEAD (405) still gets a resumed transfer:
+// fetch probes with a one-byte range GET instead, and the resumed response is checked as any.
+func TestResumeWithoutHEAD(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		fault fetchtest.Fault
+	}{
+		{"405", fetchtest.Fault{RefuseHEAD: true, DropAfter: 1<<20 + 100, Times: 1}},
+		{"405 then 200 on resume", fetchtest.Fault{RefuseHEAD: true, IgnoreRange: true, DropAfter: 1<<20 + 100, Times: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := serve(t)
+			dest := t.TempDir()
+			data := content(2<<20, 31)
+			f := add(s, "model.bin", data)
+			s.SetFault("/model.bin", tc.fault)
+			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, testOptions(dest))
+			if err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			wantFile(t, dest, "model.bin", data)
+			st := s.Stats("/model.bin")
+			refetch := st.BytesSent - int64(len(data))
+			if tc.fault.IgnoreRange {
+				// No range support: the second attempt restarts from zero, never appends.
+				if res.Files[0].Restarts+res.Files[0].Attempts < 2 {
+					t.Errorf("result %+v: want a second attempt", res.Files[0])
+				}
+				return
+			}
+			if st.HEADs == 0 || st.RangeGETs < 2 {
+				t.Errorf("stats %+v: want a refused HEAD, a probe and a range GET", st)
+			}
+			if refetch >= ckpt+1 {
+				t.Errorf("re-fetched %d bytes, want under one checkpoint (%d) plus the probe's byte", refetch, ckpt)
+			}
+		})
+	}
+}

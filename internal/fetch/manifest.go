@@ -119,6 +119,9 @@ type FileStatus struct {
 	State  State
 	Reason string // why it is not OK
 	Size   int64  // size on disk, -1 if absent
+	// Partial is the size of the file's partial download (0 if none), filled in by Check
+	// for progress reports; a resume keeps at most the sidecar's checkpoint of it.
+	Partial int64
 }
 
 // CheckResult is Check's verdict on a destination.
@@ -172,6 +175,11 @@ func Check(ctx context.Context, dest string, files []File) (CheckResult, error) 
 		}
 		res.Files[i] = classify(root, m, f)
 		l := layoutOf(f.Name)
+		if res.Files[i].State != StateOK {
+			if fi, err := root.Lstat(l.partial); err == nil && fi.Mode().IsRegular() {
+				res.Files[i].Partial = fi.Size()
+			}
+		}
 		for _, p := range []string{l.final, l.partial, l.sidecar, l.sidecar + tmpSuffix} {
 			named[filepath.ToSlash(p)] = true
 		}

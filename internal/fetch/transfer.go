@@ -471,8 +471,63 @@ func (ft *fileTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ft.last.touch()
+	if out.Method == http.MethodHead && headRefused(resp) {
+		return ft.probe(out, resp)
+	}
 	if out.Method == http.MethodGet && (resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusPartialContent) {
 		resp.Body = &hashBody{rc: resp.Body, r: ft.r, t: ft.t, last: ft.last}
 	}
 	return resp, nil
+}
+
+// headRefused reports a HEAD answer that says nothing about ranges: the method refused
+// (403, 405, 501), or a 200 without Accept-Ranges. grab learns whether it may resume only
+// from HEAD, so such a server would otherwise lose every resume.
+func headRefused(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusForbidden, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+		return true
+	case http.StatusOK:
+		return resp.Header.Get("Accept-Ranges") != "bytes"
+	}
+	return false
+}
+
+// probe answers grab's HEAD with what a one-byte range GET learns: a 206 becomes a 200 with
+// Accept-Ranges, the total size and the ETag, so grab resumes with a Range request whose
+// answer beforeCopy still checks in full. A redirect is passed on (the client follows it
+// with another HEAD, probed again); anything else keeps the original HEAD answer.
+func (ft *fileTransport) probe(head *http.Request, headResp *http.Response) (*http.Response, error) {
+	req := head.Clone(head.Context())
+	req.Method = http.MethodGet
+	req.Header.Set("Range", "bytes=0-0")
+	req.Header.Del("If-Range")
+	resp, err := ft.base.RoundTrip(req)
+	if err != nil {
+		return headResp, nil
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<10))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		headResp.Body.Close()
+		resp.Body = http.NoBody
+		resp.Request = head
+		return resp, nil
+	case resp.StatusCode != http.StatusPartialContent:
+		return headResp, nil
+	}
+	_, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+	if err != nil || total < 0 {
+		return headResp, nil
+	}
+	headResp.Body.Close()
+	h := resp.Header.Clone()
+	h.Del("Content-Range")
+	h.Set("Accept-Ranges", "bytes")
+	h.Set("Content-Length", strconv.FormatInt(total, 10))
+	return &http.Response{
+		Status: "200 OK", StatusCode: http.StatusOK, Proto: resp.Proto, ProtoMajor: resp.ProtoMajor, ProtoMinor: resp.ProtoMinor,
+		Header: h, Body: http.NoBody, ContentLength: total, Request: head,
+	}, nil
 }

@@ -51,6 +51,8 @@ type Fault struct {
 	RequireAuth string
 	// DenyAuth answers 403 to any request that carries an Authorization header.
 	DenyAuth bool
+	// RefuseHEAD answers 405 to HEAD requests, as some object stores and proxies do.
+	RefuseHEAD bool
 }
 
 // Stats counts what a path was asked for and what it sent.
@@ -176,6 +178,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodHead:
 		e.stats.HEADs++
+		if f.RefuseHEAD {
+			s.mu.Unlock()
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
 	case http.MethodGet:
 		e.stats.GETs++
 		if r.Header.Get("Range") != "" {
