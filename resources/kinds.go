@@ -4,6 +4,8 @@
 package resources
 
 import (
+	"os"
+
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
@@ -18,6 +20,16 @@ type Host struct {
 	Proc proc.FS
 	// Root is the host's filesystem root for fallbacks ("" is "/").
 	Root string
+	// Run runs host commands (the driver installer, the package manager, nvidia-smi,
+	// modprobe, systemctl reboot); nil runs them for real (ExecRunner).
+	Run Runner
+	// StopGPUServers stops the agent's servers that use the GPUs before a driver change
+	// (the server resource implements it); nil: a driver change refuses to run while
+	// processes use the GPUs, and names them.
+	StopGPUServers GPUServerStopper
+	// StateDir is where kinds keep caches and logs (the driver's installer and its log);
+	// "" means the plan's agent.state_dir, else /var/lib/agent.
+	StateDir string
 }
 
 func (h Host) withDefaults() Host {
@@ -28,13 +40,14 @@ func (h Host) withDefaults() Host {
 }
 
 // Kinds returns every resource kind built into the agent, acting on this host.
-func Kinds() []agent.Kind { return KindsFor(Host{}) }
+func Kinds() []agent.Kind { return KindsFor(hostFromEnv(os.Getenv)) }
 
 // KindsFor returns every resource kind, acting on h.
 func KindsFor(h Host) []agent.Kind {
 	h = h.withDefaults()
 	return []agent.Kind{
 		FileKind(),
+		DriverKind(h),
 		ContainerKind(h),
 		DownloadKind(h),
 		ServerKind(h),

@@ -1,0 +1,312 @@
+package resources
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/fetch"
+	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/state"
+)
+
+// ErrGPUInUse is wrapped by the error of a driver change refused because processes use
+// the GPUs.
+var ErrGPUInUse = errors.New("the GPUs are in use")
+
+// releaseTimeout bounds the wait for GPU memory after the servers were stopped.
+const releaseTimeout = 2 * time.Minute
+
+// installerArgs make NVIDIA's .run installer run unattended.
+var installerArgs = []string{"--silent", "--no-questions", "--ui=none", "--disable-nouveau"}
+
+// Apply carries out what Check decided, in this order: blacklist nouveau, stop the GPU
+// servers and install the driver, set persistence mode, and, as the very last step and
+// only when the host still needs it, reboot (reboot = "allowed") or record that it must.
+func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) error {
+	det := diff.Detail.(*driverPlan)
+	rec, err := d.load(env)
+	if err != nil {
+		return err
+	}
+	now := time.Now
+	if env.Now != nil {
+		now = env.Now
+	}
+
+	if det.blacklist != nil {
+		if err := d.blacklistFile().Apply(ctx, env, det.blacklist); err != nil {
+			return fmt.Errorf("nouveau blacklist: %w", err)
+		}
+		if err := d.updateInitramfs(ctx, env); err != nil {
+			return err
+		}
+	}
+
+	if det.install {
+		if det.replacing {
+			if err := d.stopGPUUsers(ctx, env, det.obs); err != nil {
+				return err
+			}
+		}
+		note, err := d.install(ctx, env)
+		if note != nil {
+			note.At = now()
+			rec.LastInstall = note
+			if serr := d.save(env, rec); serr != nil && err == nil {
+				err = serr
+			}
+		}
+		if err != nil {
+			return err
+		}
+		// A fresh host: the installer may not have loaded the module; try once. A failure
+		// is not an error: the reboot below (or its warning) covers it.
+		if o, err := observeDriver(ctx, d.host); err == nil && o.Loaded == "" && !o.Nouveau {
+			if out, err := d.host.Run.Run(ctx, Command{Name: "modprobe", Args: []string{"nvidia"}}); err != nil {
+				env.Log.Warn("modprobe nvidia failed; a reboot loads the driver", "err", err, "output", string(bytes.TrimSpace(out)))
+			}
+		}
+	}
+
+	if det.pm != nil {
+		v := "0"
+		if *det.pm {
+			v = "1"
+		}
+		if out, err := d.host.Run.Run(ctx, Command{Name: "nvidia-smi", Args: []string{"-pm", v}}); err != nil {
+			return fmt.Errorf("persistence mode: nvidia-smi -pm %s: %w: %s", v, err, tailLines(out, 5))
+		}
+	}
+
+	// The last step: does the host need a reboot now?
+	o, err := observeDriver(ctx, d.host)
+	if err != nil {
+		return fmt.Errorf("observe after apply: %w", err)
+	}
+	causes := d.rebootCauses(o)
+	if len(causes) == 0 {
+		if rec.RebootRequired != nil {
+			rec.RebootRequired = nil
+			return d.save(env, rec)
+		}
+		return nil
+	}
+	c := causes[0]
+	if rec.RebootRequired == nil || rec.RebootRequired.Cause != c.key {
+		rec.RebootRequired = &rebootNote{Cause: c.key, Reason: c.reason, BootID: o.BootID, At: now()}
+	}
+	if err := d.save(env, rec); err != nil {
+		return err
+	}
+	reboot := false
+	for _, c := range causes {
+		if _, r := d.rebootVerdict(c, o, rec); r {
+			reboot = true
+			rec.RebootRequested = &rebootNote{Cause: c.key, Reason: c.reason, BootID: o.BootID, At: now()}
+			break
+		}
+	}
+	if !reboot {
+		env.Log.Warn("reboot required", "reason", c.reason, "reboot", map[bool]string{true: "allowed", false: "never"}[d.rebootAllowed])
+		return nil
+	}
+	// Recorded before the command, so that whatever happens next the agent never asks
+	// twice for the same cause in the same boot.
+	if err := d.save(env, rec); err != nil {
+		return err
+	}
+	env.Log.Warn("rebooting the host", "reason", rec.RebootRequested.Reason)
+	if out, err := d.host.Run.Run(ctx, Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {
+		return fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, tailLines(out, 5))
+	}
+	return nil
+}
+
+// stopGPUUsers makes sure no process uses the GPUs before the driver under them changes:
+// the agent's servers are stopped through the hook, and NVML must then list no process.
+func (d *Driver) stopGPUUsers(ctx context.Context, env *agent.Env, before *driverObs) error {
+	info := before.Info
+	if info.Source != gpu.SourceNVML || info.State != gpu.StateOK {
+		env.Log.Warn("GPU processes cannot be listed before the driver change; the installer refuses to unload a module in use",
+			"state", info.State.String(), "source", info.Source)
+		return nil
+	}
+	ps := gpuProcesses(info)
+	if len(ps) == 0 {
+		return nil
+	}
+	if d.host.StopGPUServers == nil {
+		return fmt.Errorf("refusing to change the driver: %w by %d processes: %s; stop them (or let the agent's servers be stopped by wiring the server hook) and apply again",
+			ErrGPUInUse, len(ps), describeProcesses(d.host, ps))
+	}
+	pids := make([]int, len(ps))
+	for i, p := range ps {
+		pids[i] = p.PID
+	}
+	reason := fmt.Sprintf("%s: driver %s → %s", d.addr, before.Loaded, d.version)
+	if err := d.host.StopGPUServers.StopGPUServers(ctx, pids, reason); err != nil {
+		return fmt.Errorf("stop the servers before the driver change: %w", err)
+	}
+	wait := d.release
+	if wait <= 0 {
+		wait = releaseTimeout
+	}
+	if err := gpu.WaitReleased(ctx, d.host.GPU, pids, time.Now().Add(wait), min(gpu.DefaultPollInterval, wait/10)); err != nil {
+		if !errors.Is(err, gpu.ErrNotReleased) {
+			return err
+		}
+		info, oerr := d.host.GPU.Observe(ctx)
+		if oerr != nil {
+			return err
+		}
+		left := gpuProcesses(info)
+		return fmt.Errorf("refusing to change the driver: %w after the agent's servers stopped, by %d processes it does not manage: %s; stop them and apply again",
+			ErrGPUInUse, len(left), describeProcesses(d.host, left))
+	}
+	return nil
+}
+
+// workDir is where the driver keeps its downloads and logs: <state dir>/nvidia_driver/NAME.
+func (d *Driver) workDir(env *agent.Env) string {
+	dir := d.host.StateDir
+	if s, ok := any(env.State).(interface{ Dir() string }); ok && dir == "" && env.State != nil {
+		dir = s.Dir() // when the state store says where it lives
+	}
+	if dir == "" && env.Plan != nil {
+		dir = env.Plan.Agent.StateDir
+	}
+	if dir == "" {
+		dir = state.DefaultDir
+	}
+	return filepath.Join(dir, "nvidia_driver", d.name)
+}
+
+// install runs the installer or the package manager and verifies that the userspace
+// library is the wanted version afterwards. The note says what ran and where its log is,
+// also on failure.
+func (d *Driver) install(ctx context.Context, env *agent.Env) (*installNote, error) {
+	dir := d.workDir(env)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(dir, "install-"+d.version+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	note := &installNote{Version: d.version, Log: logPath}
+
+	var cmd Command
+	quote := logPath // the log whose tail explains a failure
+	if d.installer != nil {
+		note.Method = "installer " + d.installer.URL
+		name := installerName(d.installer.URL, d.version)
+		opts := d.fetchOpts
+		opts.Dest = filepath.Join(dir, "cache")
+		res, err := fetch.Fetch(ctx, []fetch.File{{Name: name, URL: d.installer.URL, Size: -1, SHA256: d.installer.SHA256}}, opts)
+		if err != nil {
+			return note, fmt.Errorf("download the installer: %w", err)
+		}
+		runFile := res.Files[0].Path
+		nvLog := filepath.Join(dir, "nvidia-installer-"+d.version+".log")
+		_ = os.Remove(nvLog) // never quote a previous run's log
+		args := append([]string{runFile}, installerArgs...)
+		args = append(args, "--log-file-name="+nvLog)
+		args = append(args, d.installer.Args...)
+		// sh runs the makeself archive even from a noexec state directory.
+		cmd = Command{Name: "/bin/sh", Args: args, Log: logf}
+		quote = nvLog
+	} else {
+		note.Method = "package " + d.pkg
+		switch {
+		case exists(d.host.path("usr/bin/apt-get")):
+			cmd = Command{Name: "apt-get", Args: []string{"install", "-y", d.pkg}, Env: []string{"DEBIAN_FRONTEND=noninteractive"}, Log: logf}
+		case exists(d.host.path("usr/bin/dnf")):
+			cmd = Command{Name: "dnf", Args: []string{"install", "-y", d.pkg}, Log: logf}
+		default:
+			return note, fmt.Errorf("package %q: no package manager found (apt-get or dnf under %s)", d.pkg, d.host.path("usr/bin"))
+		}
+	}
+	fmt.Fprintf(logf, "# %s: %s\n", time.Now().UTC().Format(time.RFC3339), cmd)
+	env.Log.Info("installing the driver", "version", d.version, "command", cmd.String(), "log", logPath)
+	if _, err := d.host.Run.Run(ctx, cmd); err != nil {
+		if _, serr := os.Stat(quote); serr != nil {
+			quote = logPath
+		}
+		return note, fmt.Errorf("%s failed: %w; last lines of %s:\n%s", note.Method, err, quote, tailFile(quote, 15))
+	}
+
+	o := &driverObs{}
+	observeUserspace(d.host, o)
+	if o.Installed != d.version {
+		got := o.Installed
+		if got == "" {
+			got = "not found (" + o.InstalledNote + ")"
+		}
+		fix := "check its log " + logPath
+		if d.pkg != "" {
+			fix = fmt.Sprintf("pin the version in package (e.g. \"%s=%s-…\") or set version to what it installs", d.pkg, d.version)
+		}
+		return note, fmt.Errorf("%s finished, but libnvidia-ml.so.1 is %s, not %s: %s", note.Method, got, d.version, fix)
+	}
+	return note, nil
+}
+
+// updateInitramfs rebuilds the initramfs after the blacklist, so that nouveau is not
+// loaded from it at the next boot.
+func (d *Driver) updateInitramfs(ctx context.Context, env *agent.Env) error {
+	var cmd Command
+	switch {
+	case exists(d.host.path("usr/sbin/update-initramfs")):
+		cmd = Command{Name: "update-initramfs", Args: []string{"-u"}}
+	case exists(d.host.path("usr/bin/dracut")):
+		cmd = Command{Name: "dracut", Args: []string{"--force"}}
+	default:
+		env.Log.Info("no update-initramfs or dracut: the initramfs is not rebuilt")
+		return nil
+	}
+	if out, err := d.host.Run.Run(ctx, cmd); err != nil {
+		return fmt.Errorf("nouveau blacklist: %s: %w: %s", cmd, err, tailLines(out, 10))
+	}
+	return nil
+}
+
+func installerName(rawURL, version string) string {
+	if u, err := url.Parse(rawURL); err == nil {
+		if b := path.Base(u.Path); strings.HasSuffix(b, ".run") && !strings.HasPrefix(b, ".") {
+			return b
+		}
+	}
+	return "NVIDIA-Linux-" + version + ".run"
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func tailFile(p string, n int) string {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	return tailLines(data, n)
+}
+
+func tailLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,97 @@
+package resources
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/agent-dev/agent/internal/gpu"
+)
+
+// Command is one host command a resource runs: the driver installer, the package
+// manager, nvidia-smi, modprobe, systemctl reboot.
+type Command struct {
+	Name string
+	Args []string
+	// Env is added to the agent's environment (DEBIAN_FRONTEND=noninteractive).
+	Env []string
+	// Log, when set, receives stdout and stderr as they come, and Run returns no output.
+	Log io.Writer
+}
+
+func (c Command) String() string { return strings.Join(append([]string{c.Name}, c.Args...), " ") }
+
+// Runner runs host commands. Tests replace it with a recorder, so no test ever runs a
+// real installer, package manager, modprobe or reboot.
+type Runner interface {
+	// Run runs c to completion and returns its combined output (nil when c.Log is set).
+	// A non-zero exit is an error.
+	Run(ctx context.Context, c Command) ([]byte, error)
+}
+
+// ExecRunner runs commands with os/exec: what the agent does on a real host.
+type ExecRunner struct{}
+
+// Run implements Runner.
+func (ExecRunner) Run(ctx context.Context, c Command) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, c.Name, c.Args...)
+	cmd.Env = append(os.Environ(), c.Env...)
+	cmd.Stdin = nil
+	var out bytes.Buffer
+	if c.Log != nil {
+		cmd.Stdout, cmd.Stderr = c.Log, c.Log
+	} else {
+		cmd.Stdout, cmd.Stderr = &out, &out
+	}
+	err := cmd.Run()
+	if c.Log != nil {
+		return nil, err
+	}
+	return out.Bytes(), err
+}
+
+// ErrCommandsDisabled is returned by the runner of a host whose root was moved with
+// AGENT_HOST_ROOT: commands would act on the real machine, not on that root.
+var ErrCommandsDisabled = errors.New("host commands are disabled: AGENT_HOST_ROOT points the agent at a fake root")
+
+type refusingRunner struct{}
+
+func (refusingRunner) Run(_ context.Context, c Command) ([]byte, error) {
+	return nil, fmt.Errorf("%s: %w", c.Name, ErrCommandsDisabled)
+}
+
+// GPUServerStopper is the hook a driver change uses to stop the servers that use the
+// GPUs. The server resource implements it and is wired into Host.StopGPUServers; the
+// nvidia_driver resource calls it before an installer or a package replaces a loaded
+// driver, then verifies with NVML (gpu.WaitReleased) that no process holds GPU memory.
+type GPUServerStopper interface {
+	// StopGPUServers stops, with the server resource's verified kill, every server the
+	// agent manages that holds GPU memory: gpuPIDs are the compute processes NVML lists
+	// (host PIDs). It must not signal a process the agent did not start unless its server
+	// says takeover = true, and returns when its servers are proven gone or ctx ends.
+	// reason is for its logs ("nvidia_driver.host: driver 570.x → 580.95.05").
+	// Processes it leaves running make the driver change fail, naming them.
+	StopGPUServers(ctx context.Context, gpuPIDs []int, reason string) error
+}
+
+// HostRootEnv names the environment variable that moves the host's root for
+// observation: `AGENT_HOST_ROOT=/tmp/fake agent status plan.hcl` reads the driver's
+// /proc, /sys and library files under /tmp/fake, observes GPUs through those files only
+// (never NVML, which sees the real machine), and refuses to run host commands. It exists
+// for tests and for inspecting a copied tree; production never sets it.
+const HostRootEnv = "AGENT_HOST_ROOT"
+
+// hostFromEnv is the host Kinds acts on: the real machine, or the fake root that
+// AGENT_HOST_ROOT names.
+func hostFromEnv(getenv func(string) string) Host {
+	root := getenv(HostRootEnv)
+	if root == "" {
+		return Host{}
+	}
+	return Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: refusingRunner{}}
+}
