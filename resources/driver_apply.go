@@ -178,11 +178,8 @@ func (d *Driver) stopGPUUsers(ctx context.Context, env *agent.Env, before *drive
 // workDir is where the driver keeps its downloads and logs: <state dir>/nvidia_driver/NAME.
 func (d *Driver) workDir(env *agent.Env) string {
 	dir := d.host.StateDir
-	if s, ok := any(env.State).(interface{ Dir() string }); ok && dir == "" && env.State != nil {
-		dir = s.Dir() // when the state store says where it lives
-	}
-	if dir == "" && env.Plan != nil {
-		dir = env.Plan.Agent.StateDir
+	if dir == "" && env.State != nil {
+		dir = env.State.Dir()
 	}
 	if dir == "" {
 		dir = state.DefaultDir

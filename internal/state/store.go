@@ -128,3 +128,7 @@ func (r *Scoped) Save(v any) error { return r.store.Save(r.addr, v) }
 
 // Delete removes the resource's record.
 func (r *Scoped) Delete() error { return r.store.Delete(r.addr) }
+
+// Dir is the state directory, for resources that keep caches or logs beside their record
+// (the driver installer and its log).
+func (r *Scoped) Dir() string { return r.store.dir }
