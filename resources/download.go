@@ -568,7 +568,10 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 		}
 	}
 	n := int64(len(t.files))
-	st := &agent.Status{Healthy: res.Converged()}
+	st := &agent.Status{Healthy: res.Converged(), Metrics: map[string]float64{
+		"files_verified": float64(verified), "files_total": float64(n),
+		"bytes_done": float64(done), "bytes_total": float64(total),
+	}}
 	st.Fields = append(st.Fields,
 		agent.Field{Name: "files verified", Value: fmt.Sprintf("%d/%d", verified, n)},
 		agent.Field{Name: "bytes", Value: fmt.Sprintf("%s / %s", sizeString(done), sizeString(total))},
@@ -588,6 +591,9 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 		st.Summary = fmt.Sprintf("%d/%d files verified, %s", verified, n, sizeString(done))
 	case p.live(now):
 		st.Summary = fmt.Sprintf("downloading (PID %d): %s / %s, %s/s, ETA %s", p.PID, sizeString(p.Done), sizeString(p.Total), sizeString(int64(p.Rate)), etaString(p.ETASeconds))
+		st.Metrics["bytes_done"] = float64(p.Done)
+		st.Metrics["rate_bytes_per_second"] = p.Rate
+		st.Metrics["eta_seconds"] = p.ETASeconds
 		st.Fields = append(st.Fields,
 			agent.Field{Name: "rate", Value: sizeString(int64(p.Rate)) + "/s"},
 			agent.Field{Name: "eta", Value: etaString(p.ETASeconds)})

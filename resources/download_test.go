@@ -541,8 +541,14 @@ func TestDownloadStatus(t *testing.T) {
 		t.Errorf("during a download: %+v", st)
 	}
 	mustApply(t, engine(t, dir, src))
-	if st := status(); !st.Healthy || st.Summary != "2/2 files verified, 150.0 KiB" {
+	st = status()
+	if !st.Healthy || st.Summary != "2/2 files verified, 150.0 KiB" {
 		t.Errorf("after apply: %+v", st)
+	}
+	for k, want := range map[string]float64{"files_verified": 2, "files_total": 2, "bytes_done": 150 << 10, "bytes_total": 150 << 10} {
+		if st.Metrics[k] != want {
+			t.Errorf("Metrics[%s] = %v, want %v", k, st.Metrics[k], want)
+		}
 	}
 }
 

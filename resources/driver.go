@@ -423,8 +423,19 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if err != nil {
 		return nil, err
 	}
-	st := &agent.Status{}
+	st := &agent.Status{Metrics: map[string]float64{"gpus": float64(len(o.Info.GPUs))}}
 	add := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
+	for _, g := range o.Info.GPUs {
+		// One series per GPU and quantity: agent_nvidia_driver_gpu0_memory_used_bytes{name}.
+		st.Metrics[fmt.Sprintf("gpu%d_memory_used_bytes", g.Index)] = float64(g.MemoryUsed)
+		st.Metrics[fmt.Sprintf("gpu%d_memory_total_bytes", g.Index)] = float64(g.MemoryTotal)
+		st.Metrics[fmt.Sprintf("gpu%d_processes", g.Index)] = float64(len(g.Processes))
+	}
+	if rec.RebootRequired != nil {
+		st.Metrics["reboot_required"] = 1
+	} else {
+		st.Metrics["reboot_required"] = 0
+	}
 
 	loaded := "none"
 	if o.Loaded != "" {

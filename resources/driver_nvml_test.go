@@ -78,4 +78,10 @@ func TestDriverStatusDGXH200(t *testing.T) {
 	if fieldValue(st, "gpu 2 processes") != "" {
 		t.Errorf("gpu 2 lists processes: %+v", st.Fields)
 	}
+	// The same facts as numbers, for agent run's /metrics.
+	for k, want := range map[string]float64{"gpus": 8, "gpu1_memory_used_bytes": 70 << 30, "gpu1_processes": 1, "gpu2_processes": 0, "reboot_required": 0} {
+		if got, ok := st.Metrics[k]; !ok || got != want {
+			t.Errorf("Metrics[%s] = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
 }
