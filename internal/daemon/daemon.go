@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,6 +65,9 @@ type Config struct {
 	LockTimeout time.Duration
 	// Ready, when not nil, receives the listen address once the HTTP endpoint is up.
 	Ready func(addr string)
+	// StopGrace bounds how long the step in flight may run after SIGTERM (default 90 s,
+	// under the unit's TimeoutStopSec): no new step starts, the current one finishes.
+	StopGrace time.Duration
 }
 
 // Daemon is a running reconcile loop.
@@ -72,6 +76,9 @@ type Daemon struct {
 	log     *slog.Logger
 	notify  *sdnotify.Notifier
 	metrics *metrics
+
+	// stopping is set on SIGTERM: resources not yet started in the pass are held back.
+	stopping atomic.Bool
 
 	mu       sync.Mutex
 	plan     *plans.Plan
@@ -104,8 +111,27 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// Work runs under its own context: a signal stops new steps at once (stopping), and
+	// cancels the step in flight only after the grace period.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	grace := cfg.StopGrace
+	if grace <= 0 {
+		grace = 90 * time.Second
+	}
+	go func() {
+		<-sigCtx.Done()
+		d.stopping.Store(true)
+		select {
+		case <-time.After(grace):
+			d.log.Warn("the step in flight did not finish within the stop grace period; interrupting it", "grace", grace.String())
+			cancelWork()
+		case <-work.Done():
+		}
+	}()
+	ctx = sigCtx
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -122,7 +148,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer closeWatch()
 	go d.watchdog(ctx)
 
-	d.pass(ctx)
+	d.pass(work)
 	d.notify.Ready(d.summary())
 	for {
 		timer := time.NewTimer(d.interval())
@@ -148,7 +174,10 @@ func Run(ctx context.Context, cfg Config) error {
 				d.log.Error("the new plan is invalid; the last good plan keeps running", "error", err)
 			}
 		}
-		d.pass(ctx)
+		if ctx.Err() != nil {
+			continue // stopping: the top of the loop says goodbye
+		}
+		d.pass(work)
 		d.notify.Ready(d.summary())
 	}
 }
@@ -210,8 +239,14 @@ func (d *Daemon) interval() time.Duration {
 // ErrBackoff is the error of a resource held back after failures.
 var ErrBackoff = errors.New("waiting before the next try")
 
+// ErrStopping is the error of a resource not started because the agent is stopping.
+var ErrStopping = errors.New("not started: the agent is stopping")
+
 // hold is the engine's Hold: a resource in backoff is not touched this pass.
 func (d *Daemon) hold(addr string) error {
+	if d.stopping.Load() {
+		return fmt.Errorf("%s: %w", addr, ErrStopping)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b := d.backoff[addr]
@@ -276,7 +311,7 @@ func (d *Daemon) record(rep *agent.Report) {
 			if st.Applied {
 				d.log.Info("converged", "resource", st.Addr, "action", string(st.Diff.Action))
 			}
-		case errors.Is(st.Err, ErrBackoff):
+		case errors.Is(st.Err, ErrBackoff), errors.Is(st.Err, ErrStopping):
 			// Held back this pass: nothing new learned.
 		default:
 			if _, skipped := st.Skipped(); skipped {

@@ -1,0 +1,208 @@
+package quickstart_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// build compiles the agent and the fake SGLang into dir.
+func build(t *testing.T, dir string) (agentBin, fakeBin string) {
+	t.Helper()
+	agentBin, fakeBin = filepath.Join(dir, "agent"), filepath.Join(dir, "fake-sglang")
+	for bin, pkg := range map[string]string{agentBin: "../..", fakeBin: "../../internal/fakesglang"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return agentBin, fakeBin
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+type serverRecord struct {
+	PID        int    `json:"pid"`
+	StartTicks uint64 `json:"start_ticks"`
+	Generation int    `json:"generation"`
+}
+
+func readRecord(path string) (serverRecord, error) {
+	var r serverRecord
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && len(s) > i+2 && s[i+2] != 'Z'
+}
+
+func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop runs `agent run` on the
+// quickstart plan under a fake NOTIFY_SOCKET, kills the server from outside, and checks
+// that the loop relaunches it (verified, generation 2) within about one interval; then
+// stops the agent with SIGTERM and checks the server is untouched.
+func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
+	bin := t.TempDir()
+	agentBin, fakeBin := build(t, bin)
+	root := t.TempDir()
+	port, listen := freePort(t), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	notes := make(chan string, 64)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			notes <- string(buf[:n])
+		}
+	}()
+
+	cmd := exec.Command(agentBin, "run", "quickstart.hcl", "--state-dir", filepath.Join(root, "state"),
+		"--interval", "1s", "--listen", listen,
+		"-var", "root="+root, "-var", "fake_sglang="+fakeBin, "-var", "port="+strconv.Itoa(port))
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
+	logf, _ := os.Create(filepath.Join(root, "agent.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	agentDone := make(chan error, 1)
+	go func() { agentDone <- cmd.Wait() }()
+	var record string = filepath.Join(root, "state", "resources", "server.qwen.json")
+	defer func() {
+		cmd.Process.Signal(syscall.SIGKILL)
+		// Leave nothing running: the server's process group, by its recorded PID.
+		if r, err := readRecord(record); err == nil && r.PID > 0 {
+			syscall.Kill(-r.PID, syscall.SIGKILL)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(root, "agent.log"))
+			t.Logf("agent log:\n%s", b)
+		}
+	}()
+
+	waitNote := func(want string) {
+		t.Helper()
+		deadline := time.After(60 * time.Second)
+		for {
+			select {
+			case n := <-notes:
+				if strings.Contains(n, want) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no %q notification", want)
+			}
+		}
+	}
+	waitNote("READY=1")
+	first, err := readRecord(record)
+	if err != nil || !alive(first.PID) || first.Generation != 1 {
+		t.Fatalf("after the first pass: %+v, %v", first, err)
+	}
+
+	// Killed from outside (an OOM killer, an operator's pkill): the loop relaunches it.
+	syscall.Kill(-first.PID, syscall.SIGKILL)
+	var second serverRecord
+	waitUntil(t, "a verified relaunch", 60*time.Second, func() bool {
+		r, err := readRecord(record)
+		if err != nil || r.Generation != 2 || !alive(r.PID) {
+			return false
+		}
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", port))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		second = r
+		return resp.StatusCode == 200
+	})
+	if second.PID == first.PID {
+		t.Fatalf("the relaunch kept PID %d", first.PID)
+	}
+
+	// The endpoints answer while it runs.
+	for _, path := range []string{"/healthz", "/status", "/metrics"} {
+		resp, err := http.Get("http://" + listen + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s = %d: %s", path, resp.StatusCode, body)
+		}
+		if path == "/metrics" {
+			for _, series := range []string{"agent_reconcile_passes_total", `agent_resource_healthy{name="server.qwen"} 1`, "agent_plan_valid 1"} {
+				if !strings.Contains(string(body), series) {
+					t.Errorf("/metrics lacks %s", series)
+				}
+			}
+		}
+	}
+
+	// SIGTERM stops the agent, never the server it manages.
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-agentDone:
+		if err != nil {
+			t.Errorf("agent run exited with %v after SIGTERM", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("agent run did not exit after SIGTERM")
+	}
+	waitNote("STOPPING=1")
+	time.Sleep(300 * time.Millisecond)
+	if r, _ := readRecord(record); !alive(second.PID) || r.PID != second.PID {
+		t.Errorf("the server (PID %d) did not survive the agent's stop", second.PID)
+	}
+	// The step in flight at SIGTERM was finished, not interrupted.
+	if b, _ := os.ReadFile(filepath.Join(root, "agent.log")); strings.Contains(string(b), "interrupted") {
+		t.Errorf("a step was interrupted by SIGTERM:\n%s", b)
+	}
+}
