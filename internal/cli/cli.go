@@ -46,6 +46,7 @@ Usage:
   agent status PLAN       live state of every resource (exit 0 healthy, 3 degraded)
   agent run PLAN          the reconcile loop, as a systemd service (docs/service.md)
   agent fmt [-check] PLAN rewrite plan files in canonical form
+  agent export            observe this host and print a plan that reproduces it (docs/export.md)
   agent version           print the version
 
 PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN:
@@ -78,6 +79,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return runDaemon(ctx, rest, stderr)
 	case "fmt":
 		return runFmt(rest, stdout, stderr)
+	case "export":
+		return runExport(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "agent %s\n", Version)
 		return ExitOK
