@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/sglang"
@@ -75,7 +77,8 @@ const (
 	defaultWorkdir        = "/"
 )
 
-// Server is a long-running process (an SGLang server) on the host.
+// Server is a long-running process (an SGLang server) on the host, or inside an Incus
+// container (container = NAME, lifecycle.Incus).
 //
 // Its identity is the exact argv (command, then flags sorted by name and rendered
 // `--name value`, true as a bare `--name`, false omitted, then args), the declared
@@ -85,6 +88,9 @@ const (
 type Server struct {
 	addr, name     string
 	host           Host
+	container      string   // the Incus instance it runs in; "" on the host
+	place          string   // "host" or "container NAME": part of the identity
+	clients        sync.Map // Incus socket path → *incus.Client, shared by runs
 	command        []string
 	flags          []serverFlag
 	args           []string
@@ -142,9 +148,13 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout,
 		envSensitive: r.Sensitive["env"], flagsSensitive: r.Sensitive["flags"],
 	}
+	s.place = lifecycle.Host{}.Place()
 	if c.Container != nil {
-		bad(r.Range("container"), "Servers in containers are not yet supported",
-			"This agent runs servers on the host only; remove container (the server then runs on the host) until the container support lands.")
+		s.container = *c.Container
+		s.place = lifecycle.IncusPlace(s.container)
+		if !validInstanceName(s.container) {
+			bad(r.Range("container"), "Invalid container", fmt.Sprintf("container = %q is not an Incus instance name (letters, digits and dashes, starting with a letter); write container = container.NAME.name.", s.container))
+		}
 	}
 	if len(c.Command) == 0 || c.Command[0] == "" {
 		bad(r.Range("command"), "Empty command", `command is the program and its first arguments, e.g. ["python3", "-m", "sglang.launch_server"].`)
@@ -364,9 +374,84 @@ func (s *Server) Timeout() time.Duration {
 		s.ready.Timeout + lifecycle.DefaultSmokeTimeout + time.Minute
 }
 
-func (s *Server) lifecycle() *lifecycle.Lifecycle {
+// errNoInstance is wrapped when the server's container does not exist (yet).
+var errNoInstance = errors.New("container does not exist")
+
+// errNoEndpoint is wrapped when the agent cannot reach the server's port in its
+// container; the lifecycle is returned with it, good for everything but HTTP.
+var errNoEndpoint = errors.New("server port unreachable from the agent")
+
+// lifecycle is the lifecycle of the server's place: the host, or its container (which
+// must exist and run; errNoInstance when it does not exist).
+func (s *Server) lifecycle(ctx context.Context, env *agent.Env) (*lifecycle.Lifecycle, error) {
+	return s.lifecycleAt(ctx, env, s.place)
+}
+
+// lifecycleAt is the lifecycle of place, "host" or "container NAME": a recorded launch
+// is stopped where it runs, also when the plan moved the server. The server's own
+// place gets its endpoint; another place is only observed and stopped.
+func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) (*lifecycle.Lifecycle, error) {
 	h := s.host.withDefaults()
-	return &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: h.Proc}, GPU: h.GPU}
+	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
+	if !inContainer {
+		return &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: h.Proc}, GPU: h.GPU}, nil
+	}
+	explicit := ""
+	if env != nil && env.Plan != nil {
+		explicit = env.Plan.Agent.IncusSocket
+	}
+	sock := incus.SocketPath(explicit)
+	cached, _ := s.clients.LoadOrStore(sock, incus.New(sock))
+	c := cached.(*incus.Client)
+	r := &lifecycle.Incus{Client: c, Instance: name, Proc: h.Proc}
+	lc := &lifecycle.Lifecycle{Runner: r, GPU: h.GPU}
+	if place != s.place {
+		return lc, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	inst, _, err := c.GetInstance(qctx, name)
+	if incus.IsNotFound(err) {
+		return nil, fmt.Errorf("container %s: %w", name, errNoInstance)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", name, reachErr(c, err))
+	}
+	if !inst.Running() {
+		return nil, fmt.Errorf("container %s is %s: the server runs inside it, so it must run (running = true on its container block, or incus start %s): %w",
+			name, strings.ToLower(inst.Status), name, lifecycle.ErrNotRunning)
+	}
+	if s.port > 0 && (s.ready.HTTP != "" || s.smoke != nil || s.enableMetrics) {
+		st, err := c.InstanceState(qctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", name, err)
+		}
+		ep, err := lifecycle.IncusEndpoint(inst, st, s.port)
+		if err != nil {
+			return lc, fmt.Errorf("%w: %w", errNoEndpoint, err)
+		}
+		r.Endpoints = map[int]string{s.port: ep}
+	}
+	return lc, nil
+}
+
+// hostPath is where the agent reads rec's log: through its place's lifecycle when
+// that is lc's, on the host for a host record; "" when it cannot be read.
+func hostPath(lc *lifecycle.Lifecycle, rec *serverRecord) string {
+	if rec.LogPath == "" {
+		return ""
+	}
+	if lc != nil && lc.Runner.Place() == rec.Place {
+		p, err := lc.Runner.HostPath(rec.LogPath)
+		if err != nil {
+			return ""
+		}
+		return p
+	}
+	if rec.Place == (lifecycle.Host{}).Place() || rec.Place == "" {
+		return rec.LogPath
+	}
+	return ""
 }
 
 // serverRecord is the server's state: what was launched (or adopted), as launched.
@@ -405,7 +490,7 @@ func (r *serverRecord) target() proc.Target {
 // record is the identity s would launch, without the process facts.
 func (s *Server) record() serverRecord {
 	return serverRecord{
-		Place: lifecycle.Host{}.Place(), Argv: s.argv(), Command: slices.Clone(s.command), Flags: s.flagDisplay(),
+		Place: s.place, Argv: s.argv(), Command: slices.Clone(s.command), Flags: s.flagDisplay(),
 		Args: slices.Clone(s.args), Env: maps.Clone(s.env), Workdir: s.workdir, User: s.user, Port: s.port,
 	}
 }
@@ -511,18 +596,46 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if err != nil {
 		return nil, err
 	}
-	procs := s.lifecycle().Runner.Procs()
+	// Host PIDs and start times, wherever the process runs.
+	hostProcs := s.host.Proc
 	alive := false
 	if has {
-		if alive, err = procs.Alive(rec.id()); err != nil {
+		if alive, err = hostProcs.Alive(rec.id()); err != nil {
 			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}
 	}
+	lc, err := s.lifecycle(ctx, env)
+	var missing error // the container does not exist yet (a first plan)
+	if errors.Is(err, errNoInstance) {
+		missing, err = err, nil
+	}
+	var noEndpoint error // a plan may add the proxy device with this apply
+	if errors.Is(err, errNoEndpoint) {
+		noEndpoint, err = err, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if alive && noEndpoint != nil && len(s.identityChanges(&rec)) == 0 {
+		// Never a relaunch for what the agent cannot probe.
+		d := agent.NoChange()
+		d.Warnings = append(d.Warnings, fmt.Sprintf("pid %d runs the plan's server, but its readiness cannot be probed: %v", rec.PID, noEndpoint))
+		return d, nil
+	}
+	d, err := s.check(ctx, env, lc, has, alive, &rec, missing)
+	if d != nil && noEndpoint != nil {
+		d.Warnings = append(d.Warnings, noEndpoint.Error())
+	}
+	return d, err
+}
+
+func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, has, alive bool, rec0 *serverRecord, missing error) (*agent.Diff, error) {
+	rec := *rec0
 	if alive {
 		if changes := s.identityChanges(&rec); len(changes) > 0 {
 			return &agent.Diff{Action: agent.Restart, Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
 		}
-		return s.checkReady(ctx, env, &rec)
+		return s.checkReady(ctx, env, lc, &rec)
 	}
 
 	det := &serverDetail{stop: has}
@@ -533,8 +646,10 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 		c := agent.Set("process", fmt.Sprintf("pid %d (generation %d) is gone", rec.PID, rec.Generation), "a new generation")
 		c.Note = "relaunch"
 		d.Add(c)
-		if f, ok := lifecycle.Failure(rec.LogPath); ok && rec.LogPath != "" {
-			d.Warnings = append(d.Warnings, fmt.Sprintf("generation %d's log shows %s", rec.Generation, f))
+		if p := hostPath(lc, &rec); p != "" {
+			if f, ok := lifecycle.Failure(p); ok {
+				d.Warnings = append(d.Warnings, fmt.Sprintf("generation %d's log shows %s", rec.Generation, f))
+			}
 		}
 		d.Changes = append(d.Changes, s.identityChanges(&rec)...)
 	} else {
@@ -548,6 +663,11 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 			d.Add(agent.Added("port", s.port))
 		}
 	}
+	if missing != nil {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("%v yet: the server is launched in it once it does", missing))
+		return d, nil
+	}
+	procs := lc.Runner.Procs()
 	if s.port == 0 {
 		return d, nil
 	}
@@ -595,8 +715,11 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 
 // checkReady judges a running server whose identity matches: ready is a no-op, and so
 // is not ready within its grace; past it, a relaunch.
-func (s *Server) checkReady(ctx context.Context, env *agent.Env, rec *serverRecord) (*agent.Diff, error) {
-	why := s.notReady(ctx, rec)
+func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, rec *serverRecord) (*agent.Diff, error) {
+	if lc == nil { // cannot be: the process runs in it
+		return nil, fmt.Errorf("pid %d runs, but its container %s does not exist", rec.PID, s.container)
+	}
+	why := s.notReady(ctx, lc, rec)
 	now := env.Now()
 	if why == "" {
 		if !rec.UnreadySince.IsZero() {
@@ -631,19 +754,23 @@ func (s *Server) checkReady(ctx context.Context, env *agent.Env, rec *serverReco
 // notReady probes readiness once; "" means ready. ready.http is the live probe; the
 // log line counts only when there is no HTTP probe (it says the server came up, not
 // that it still works).
-func (s *Server) notReady(ctx context.Context, rec *serverRecord) string {
+func (s *Server) notReady(ctx context.Context, lc *lifecycle.Lifecycle, rec *serverRecord) string {
 	if s.ready.HTTP != "" {
-		if err := s.lifecycle().ProbeHTTP(ctx, s.port, s.ready.HTTP); err != nil {
+		if err := lc.ProbeHTTP(ctx, s.port, s.ready.HTTP); err != nil {
 			return err.Error()
 		}
 		return ""
 	}
 	if s.ready.LogLine != "" && rec.LogPath != "" {
-		m, err := lifecycle.ScanLog(ctx, rec.LogPath)
+		p := hostPath(lc, rec)
+		if p == "" {
+			return "log: " + rec.LogPath + " cannot be read in " + rec.Place
+		}
+		m, err := lifecycle.ScanLog(ctx, p)
 		if err != nil {
 			return "log: " + err.Error()
 		}
-		if !m.Ready && !logHas(ctx, rec.LogPath, s.ready.LogLine) {
+		if !m.Ready && !logHas(ctx, p, s.ready.LogLine) {
 			return fmt.Sprintf("%q not in generation %d's log", s.ready.LogLine, rec.Generation)
 		}
 	}
@@ -777,13 +904,28 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 		env.Log.Info("adopting a running server", "pid", det.adopt.PID)
 		return env.State.Save(det.adopt)
 	}
-	lc := s.lifecycle()
+	lc, err := s.lifecycle(ctx, env)
+	if err != nil {
+		return err // before anything is stopped
+	}
 	prevGen := 0
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
 	if det.stop && det.prev != nil {
-		rep, err := lc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, s.port)
+		// Stopped where it runs: the recorded place, which the plan may have changed.
+		plc, err := s.lifecycleAt(ctx, env, det.prev.Place)
+		if det.prev.Place == "" || det.prev.Place == s.place {
+			plc, err = lc, nil
+		}
+		if err != nil {
+			return err
+		}
+		port := det.prev.Port
+		if port == 0 {
+			port = s.port
+		}
+		rep, err := plc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, port)
 		if err != nil {
 			return fmt.Errorf("stop generation %d (pid %d): %w", det.prev.Generation, det.prev.PID, err)
 		}
@@ -805,7 +947,11 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 			return fmt.Errorf("not launching: %w", err)
 		}
 	}
-	gen, err := lifecycle.NextGeneration(s.logDir, s.name, prevGen)
+	logDir, err := lc.Runner.HostPath(s.logDir)
+	if err != nil {
+		return err
+	}
+	gen, err := lifecycle.NextGeneration(logDir, s.name, prevGen)
 	if err != nil {
 		return err
 	}
@@ -845,7 +991,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if !has {
 		return &agent.Status{Healthy: false, Summary: "not launched by this agent yet"}, nil
 	}
-	lc := s.lifecycle()
+	lc, err := s.lifecycle(ctx, env)
+	if err != nil && !errors.Is(err, errNoEndpoint) {
+		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil
+	}
 	procs := lc.Runner.Procs()
 	st := &agent.Status{Healthy: true}
 	field := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
@@ -864,9 +1013,16 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	}
 	field("generation", gen)
 	var m sglang.Metrics
+	if s.container != "" {
+		field("container", s.container)
+		if err != nil {
+			field("endpoint", err.Error())
+		}
+	}
+	logPath := hostPath(lc, &rec)
 	if rec.LogPath != "" {
 		field("log", rec.LogPath)
-		m, err = lifecycle.ScanLog(ctx, rec.LogPath)
+		m, err = lifecycle.ScanLog(ctx, logPath)
 		switch {
 		case err != nil:
 			field("newest line", "log unreadable: "+err.Error())
@@ -881,11 +1037,11 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if !alive {
 		st.Healthy = false
 		st.Summary = fmt.Sprintf("not running: pid %d (generation %d) is gone", rec.PID, rec.Generation)
-		if rec.LogPath != "" {
-			if f, ok := lifecycle.Failure(rec.LogPath); ok {
+		if logPath != "" {
+			if f, ok := lifecycle.Failure(logPath); ok {
 				field("failure", f.String())
 				st.Summary += ": " + f.Title
-			} else if tail, err := lifecycle.Tail(rec.LogPath, 1); err == nil && len(tail) > 0 {
+			} else if tail, err := lifecycle.Tail(logPath, 1); err == nil && len(tail) > 0 {
 				field("last line", tail[0])
 			}
 		}
@@ -899,7 +1055,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		}
 		problems = append(problems, "drift: restart of "+strings.Join(attrs, ", "))
 	}
-	ready := s.notReady(ctx, &rec)
+	ready := s.notReady(ctx, lc, &rec)
 	if ready == "" {
 		field("readiness", "ready")
 	} else {

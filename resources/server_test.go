@@ -432,7 +432,7 @@ func TestServerBindErrors(t *testing.T) {
 	t.Parallel()
 	src := `
 server "a" {
-  container = "sglang"
+  container = "not a name!"
   command   = []
   flags     = { port = 1, bad = [1] }
   port      = 2
@@ -449,7 +449,7 @@ server "a" {
 	for _, d := range diags {
 		msg += d.Summary + ": " + d.Detail + "\n"
 	}
-	for _, want := range []string{"not yet supported", "Empty command", "Invalid flags", "Port differs", "Unknown signal", "Invalid duration"} {
+	for _, want := range []string{"Invalid container", "Empty command", "Invalid flags", "Port differs", "Unknown signal", "Invalid duration"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("diagnostics lack %q: %s", want, msg)
 		}

@@ -27,6 +27,8 @@
 //     kills a server for it.
 //
 // Where the process runs is behind Runner, a small interface: Host runs it on
-// this machine; the container issue plugs in an Incus-exec runner that starts
-// it inside an instance (its processes are still seen in the host's /proc).
+// this machine; Incus starts it inside an Incus instance with one exec, finds
+// it in the host's /proc (its processes are seen there with host PIDs), reads
+// its log through /proc/<init>/root and its ports in the container's network
+// namespace, so the rest of the lifecycle is the same code for both.
 package lifecycle

@@ -99,6 +99,8 @@ func (x *Launched) Target(marker string) proc.Target {
 type LaunchError struct {
 	Generation int
 	LogPath    string
+	// Place is where the log is when not on the host ("container sglang").
+	Place string
 	// Reason is what went wrong: "process exited (exit status 1) 0.4 s after start".
 	Reason  string
 	Failure *sglang.Failure
@@ -121,11 +123,15 @@ func (e *LaunchError) Error() string {
 	if e.Stopped != "" {
 		fmt.Fprintf(&b, "; %s", e.Stopped)
 	}
+	where := e.LogPath
+	if e.Place != "" {
+		where += " (in " + e.Place + ")"
+	}
 	if len(e.Tail) == 0 {
-		fmt.Fprintf(&b, "; its log %s has no line from this generation", e.LogPath)
+		fmt.Fprintf(&b, "; its log %s has no line from this generation", where)
 		return b.String()
 	}
-	fmt.Fprintf(&b, "; last %d lines of its log %s (generation %d):", len(e.Tail), e.LogPath, e.Generation)
+	fmt.Fprintf(&b, "; last %d lines of its log %s (generation %d):", len(e.Tail), where, e.Generation)
 	for _, line := range e.Tail {
 		b.WriteString("\n    ")
 		b.WriteString(clip(line, 400))
@@ -139,27 +145,20 @@ func (e *LaunchError) Error() string {
 // test is a *SmokeError and the server keeps running. The returned Launched is not
 // nil whenever the process was started.
 func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, error) {
-	if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
-		return nil, fmt.Errorf("log dir: %w", err)
-	}
-	logPath := LogPath(o.LogDir, o.Name, o.Generation)
-	if err := linkCheck(o.LogDir, o.Name); err != nil {
-		return nil, err
-	}
+	log := LogFile{Dir: o.LogDir, Name: o.Name, Generation: o.Generation, Keep: o.KeepLogs}
 	start := time.Now()
-	st, err := l.Runner.Start(ctx, o.Spec, logPath)
-	if err != nil {
+	st, err := l.Runner.Start(ctx, o.Spec, log)
+	if st == nil {
 		return nil, err
 	}
-	x := &Launched{Started: *st, Generation: o.Generation, LogPath: logPath, LaunchedAt: start}
-	if err := linkCurrent(o.LogDir, o.Name, o.Generation); err != nil {
-		return x, err // checked above; a race with the operator
-	}
-	_ = pruneLogs(o.LogDir, o.Name, o.KeepLogs, o.Generation)
+	x := &Launched{Started: *st, Generation: o.Generation, LogPath: log.Path(), LaunchedAt: start}
 	if o.OnStarted != nil {
-		if err := o.OnStarted(x); err != nil {
-			return x, err
+		if oerr := o.OnStarted(x); oerr != nil {
+			return x, errors.Join(err, oerr)
 		}
+	}
+	if err != nil {
+		return x, err
 	}
 	if reason := l.waitReady(ctx, x, o); reason != "" {
 		if ctx.Err() != nil {
@@ -183,6 +182,15 @@ func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, err
 	return x, nil
 }
 
+// HostPath is where the agent reads path, a file of the runner's place; path itself
+// when it cannot be mapped (the read then fails with a clear error).
+func (l *Lifecycle) HostPath(path string) string {
+	if p, err := l.Runner.HostPath(path); err == nil {
+		return p
+	}
+	return path
+}
+
 func linkCheck(dir, name string) error {
 	link := CurrentLink(dir, name)
 	if st, err := os.Lstat(link); err == nil && st.Mode().Type()&os.ModeSymlink == 0 {
@@ -197,7 +205,8 @@ func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions)
 	defer deadline.Stop()
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()
-	watch := &lineWatch{path: x.LogPath, want: o.Ready.LogLine}
+	logPath := l.HostPath(x.LogPath)
+	watch := &lineWatch{path: logPath, want: o.Ready.LogLine}
 	procs := l.Runner.Procs()
 	var grown, httpOK, lineOK bool
 	for {
@@ -217,7 +226,7 @@ func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions)
 			return l.exitReason(x)
 		}
 		if !grown {
-			if fi, err := os.Stat(x.LogPath); err == nil && fi.Size() > 0 {
+			if fi, err := os.Stat(logPath); err == nil && fi.Size() > 0 {
 				grown = true
 			}
 		}
@@ -265,6 +274,9 @@ func (l *Lifecycle) exitReason(x *Launched) string {
 // failed stops what is left of a failed launch and builds its error from its log.
 func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	e := &LaunchError{Generation: x.Generation, LogPath: x.LogPath, Reason: reason}
+	if place := l.Runner.Place(); place != (Host{}).Place() {
+		e.Place = place
+	}
 	// Stop leftovers (children, a half-started server) so the next launch starts clean
 	// and nothing holds the port or GPU memory. Its own context: the caller's may be
 	// nearly spent by the readiness wait.
@@ -277,10 +289,11 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	case len(rep.Targets) > 0:
 		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
 	}
-	if tail, err := Tail(x.LogPath, TailLines); err == nil {
+	logPath := l.HostPath(x.LogPath)
+	if tail, err := Tail(logPath, TailLines); err == nil {
 		e.Tail = tail
 	}
-	if f, ok := Failure(x.LogPath); ok {
+	if f, ok := Failure(logPath); ok {
 		e.Failure = &f
 	}
 	return e

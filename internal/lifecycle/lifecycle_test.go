@@ -289,8 +289,12 @@ func TestGenerationsAndPruning(t *testing.T) {
 	if err := linkCheck(dir, "srv"); err == nil {
 		t.Error("a regular srv.log would be replaced")
 	}
-	// Start refuses an existing log file: never an old file reused.
-	_, err := Host{}.Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogPath(dir, "srv", 9))
+	// Start refuses a regular srv.log, and an existing log file: never an old file reused.
+	if _, err := (Host{}).Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 10, Keep: 5}); err == nil || !strings.Contains(err.Error(), "not a symlink") {
+		t.Errorf("start with a regular srv.log: %v", err)
+	}
+	os.Remove(CurrentLink(dir, "srv"))
+	_, err := Host{}.Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 9, Keep: 5})
 	if !errors.Is(err, ErrLogExists) {
 		t.Errorf("start over an existing log: %v", err)
 	}

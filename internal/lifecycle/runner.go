@@ -91,21 +91,38 @@ type Procs interface {
 
 var _ Procs = proc.FS{}
 
-// Runner is where a server runs: this host, or (the container issue) an Incus
-// instance reached with exec.
+// LogFile is one launch generation's log: <Dir>/<Name>.<Generation>.log, with
+// <Dir>/<Name>.log a symlink to it and Keep generations kept. Paths are the place's
+// own: inside a container, they are the container's paths.
+type LogFile struct {
+	Dir, Name  string
+	Generation int
+	// Keep is how many generations' logs to keep, this one included.
+	Keep int
+}
+
+// Path is the generation's log file.
+func (f LogFile) Path() string { return LogPath(f.Dir, f.Name, f.Generation) }
+
+// Runner is where a server runs: this host (Host), or an Incus instance (Incus).
 type Runner interface {
 	// Place names where processes run, for the launched identity and for messages:
 	// "host", "container sglang".
 	Place() string
 	// Start launches s detached: in a session and process group of its own, with
-	// stdin from /dev/null and stdout and stderr appended to logPath, which Start
-	// creates and which must not exist yet. It does not wait for anything but the
-	// start itself, and ctx does not bound the process's life.
-	Start(ctx context.Context, s Spec, logPath string) (*Started, error)
-	// Procs observes and stops processes of this place.
+	// stdin from /dev/null and stdout and stderr appended to log.Path(). Start makes
+	// log.Dir, refuses a <Name>.log that is not a symlink, creates the generation's
+	// file, which must not exist yet (ErrLogExists), points <Name>.log at it and
+	// prunes generations beyond log.Keep. It does not wait for anything but the start
+	// itself, and ctx does not bound the process's life. When it returns an error with
+	// a non-nil *Started, the process runs (a later step failed).
+	Start(ctx context.Context, s Spec, log LogFile) (*Started, error)
+	// Procs observes and stops processes of this place. PIDs are the host's.
 	Procs() Procs
 	// Endpoint is the host:port where this place's port is reached from the agent.
 	Endpoint(port int) string
+	// HostPath is where the agent reads a file of this place (a log file).
+	HostPath(path string) (string, error)
 }
 
 // Host runs servers on this machine.
@@ -125,17 +142,27 @@ func (h Host) Procs() Procs { return h.Proc }
 // Endpoint is 127.0.0.1:port.
 func (Host) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
 
+// HostPath is path itself.
+func (Host) HostPath(path string) (string, error) { return path, nil }
+
 // ErrLogExists is wrapped when a launch would reuse an existing log file.
 var ErrLogExists = errors.New("log file of this generation already exists")
 
 // Start launches s with Setsid, its log file as stdout and stderr.
-func (h Host) Start(ctx context.Context, s Spec, logPath string) (*Started, error) {
+func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) {
 	if len(s.Argv) == 0 {
 		return nil, errors.New("start: empty command")
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(log.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("log dir: %w", err)
+	}
+	if err := linkCheck(log.Dir, log.Name); err != nil {
+		return nil, err
+	}
+	logPath := log.Path()
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if s.User != "" {
 		cred, err := credential(s.User)
@@ -194,10 +221,15 @@ func (h Host) Start(ctx context.Context, s Spec, logPath string) (*Started, erro
 		mu.Unlock()
 		close(exited)
 	}()
-	return &Started{
+	started := &Started{
 		ID: st.Identity(), PGID: st.PGRP, SID: st.Session, Exited: exited,
 		ExitStatus: func() string { mu.Lock(); defer mu.Unlock(); return status },
-	}, nil
+	}
+	if err := linkCurrent(log.Dir, log.Name, log.Generation); err != nil {
+		return started, err // checked above; a race with the operator
+	}
+	_ = pruneLogs(log.Dir, log.Name, log.Keep, log.Generation)
+	return started, nil
 }
 
 func credential(name string) (*syscall.Credential, error) {

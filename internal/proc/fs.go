@@ -271,3 +271,84 @@ func filter(all []Stat, keep func(Stat) bool) []Stat {
 	}
 	return out
 }
+
+// NSpid returns the PIDs of pid in each PID namespace it belongs to, from the
+// root's own (the first) to its innermost (the last): the NSpid line of
+// /proc/PID/status. A process in an Incus container has two: the host's PID
+// and the container's.
+func (fs FS) NSpid(pid int) ([]int, error) {
+	b, err := fs.readPID(pid, "status")
+	if err != nil {
+		return nil, err
+	}
+	return parseNSpid(b, pid)
+}
+
+func parseNSpid(status []byte, pid int) ([]int, error) {
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		v, ok := bytes.CutPrefix(sc.Bytes(), []byte("NSpid:"))
+		if !ok {
+			continue
+		}
+		fields := bytes.Fields(v)
+		if len(fields) == 0 {
+			break
+		}
+		out := make([]int, len(fields))
+		for i, f := range fields {
+			n, err := strconv.Atoi(string(f))
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("pid %d: bad NSpid line %q", pid, v)
+			}
+			out[i] = n
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("pid %d: no NSpid line in status (kernel older than 4.1?)", pid)
+}
+
+// PIDNamespace returns the PID namespace of pid as the kernel names it
+// ("pid:[4026531836]"), the /proc/PID/ns/pid link.
+func (fs FS) PIDNamespace(pid int) (string, error) {
+	s, err := os.Readlink(fs.pidPath(pid, "ns", "pid"))
+	if err != nil {
+		if gone(err) {
+			return "", fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return "", fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return s, nil
+}
+
+// ErrNotInNamespace is wrapped when no process has the asked PID in a namespace.
+var ErrNotInNamespace = errors.New("no process with that pid in the namespace")
+
+// PIDIn returns the PID under the root of the process that is nsPID in the PID
+// namespace of process ref (an Incus container's init): the process in ref's
+// namespace whose innermost NSpid entry is nsPID. Processes that exit during
+// the scan are skipped.
+func (fs FS) PIDIn(ref, nsPID int) (int, error) {
+	ns, err := fs.PIDNamespace(ref)
+	if err != nil {
+		return 0, err
+	}
+	entries, err := os.ReadDir(fs.root())
+	if err != nil {
+		return 0, fmt.Errorf("list processes: %w", err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if other, err := fs.PIDNamespace(pid); err != nil || other != ns {
+			continue
+		}
+		ids, err := fs.NSpid(pid)
+		if err == nil && ids[len(ids)-1] == nsPID {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("pid %d in the namespace %s of pid %d: %w", nsPID, ns, ref, ErrNotInNamespace)
+}

@@ -25,13 +25,33 @@ const tcpListen = "0A"
 // port, on any address, read from net/tcp and net/tcp6 under the root.
 // Those tables describe one network namespace: the reader's own for
 // /proc/net (a link to self/net). A server in a container with a network
-// namespace of its own does not show there.
+// namespace of its own does not show there: see ListeningInodesIn.
 func (fs FS) ListeningInodes(port int) ([]uint64, error) {
+	return listeningInodes(fs.path("net"), port)
+}
+
+// ListeningInodesIn is ListeningInodes in the network namespace of process
+// netPID (an Incus container's init): its /proc/PID/net tables. Socket inodes
+// are global, so socketOwners still finds their holders under the root.
+func (fs FS) ListeningInodesIn(netPID, port int) ([]uint64, error) {
+	if netPID <= 0 {
+		return fs.ListeningInodes(port)
+	}
+	inodes, err := listeningInodes(fs.pidPath(netPID, "net"), port)
+	if err != nil && gone(err) {
+		return nil, fmt.Errorf("pid %d: %w", netPID, ErrNoProcess)
+	}
+	return inodes, err
+}
+
+func listeningInodes(dir string, port int) ([]uint64, error) {
 	var inodes []uint64
 	for _, name := range []string{"tcp", "tcp6"} {
-		f, err := os.Open(fs.path("net", name))
+		f, err := os.Open(dir + "/" + name)
 		if errors.Is(err, os.ErrNotExist) && name == "tcp6" {
-			continue // IPv6 disabled
+			if _, derr := os.Stat(dir); derr == nil {
+				continue // IPv6 disabled
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("listening sockets: %w", err)
@@ -94,6 +114,17 @@ func (fs FS) PortOwners(port int) ([]int, error) {
 	return fs.socketOwners(inodes)
 }
 
+// PortOwnersIn is PortOwners in the network namespace of process netPID (a
+// container's init): the listeners of its net/tcp{,6}, matched against the
+// descriptors of every process under the root, so the PIDs are the root's.
+func (fs FS) PortOwnersIn(netPID, port int) ([]int, error) {
+	inodes, err := fs.ListeningInodesIn(netPID, port)
+	if err != nil || len(inodes) == 0 {
+		return nil, err
+	}
+	return fs.socketOwners(inodes)
+}
+
 func (fs FS) socketOwners(inodes []uint64) ([]int, error) {
 	want := make(map[string]bool, len(inodes))
 	for _, ino := range inodes {
@@ -133,6 +164,15 @@ func (fs FS) socketOwners(inodes []uint64) ([]int, error) {
 // wraps ErrPortHeld and names the holder PIDs with their command lines, or
 // says the holder could not be seen.
 func (fs FS) PortFree(ctx context.Context, port int, wait time.Duration) error {
+	return fs.PortFreeIn(ctx, 0, port, wait)
+}
+
+// PortFreeIn is PortFree in the network namespace of process netPID (a
+// container's init; 0: this process's own). There, free means that its
+// net/tcp{,6} shows no listener on the port: the agent cannot bind inside
+// another namespace, so there is no bind check. A namespace whose process is
+// gone (the container stopped) holds nothing.
+func (fs FS) PortFreeIn(ctx context.Context, netPID, port int, wait time.Duration) error {
 	if port <= 0 || port > 65535 {
 		return fmt.Errorf("port %d: out of range", port)
 	}
@@ -141,7 +181,10 @@ func (fs FS) PortFree(ctx context.Context, port int, wait time.Duration) error {
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	for {
-		held, err := fs.portHeld(port)
+		held, err := fs.portHeld(netPID, port)
+		if errors.Is(err, ErrNoProcess) && netPID > 0 {
+			return nil // its namespace is gone, and every socket in it
+		}
 		if err == nil && held == "" {
 			return nil
 		}
@@ -159,8 +202,8 @@ func (fs FS) PortFree(ctx context.Context, port int, wait time.Duration) error {
 }
 
 // portHeld returns "" when port is free, else who holds it, for the error.
-func (fs FS) portHeld(port int) (string, error) {
-	inodes, err := fs.ListeningInodes(port)
+func (fs FS) portHeld(netPID, port int) (string, error) {
+	inodes, err := fs.ListeningInodesIn(netPID, port)
 	if err != nil {
 		return "", err
 	}
@@ -181,6 +224,9 @@ func (fs FS) portHeld(port int) (string, error) {
 			parts = append(parts, d)
 		}
 		return "held by " + strings.Join(parts, ", "), nil
+	}
+	if netPID > 0 {
+		return "", nil
 	}
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
