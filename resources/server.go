@@ -996,7 +996,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil
 	}
 	procs := lc.Runner.Procs()
-	st := &agent.Status{Healthy: true}
+	// Metrics are the numbers agent run exports as agent_server_<key>{name="<name>"}.
+	st := &agent.Status{Healthy: true, Metrics: map[string]float64{
+		"up": 0, "ready": 0, "generation": float64(rec.Generation), "restarts": float64(max(rec.Generation-1, 0)),
+	}}
 	field := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
 	now := env.Now()
 	alive, err := procs.Alive(rec.id())
@@ -1047,6 +1050,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		}
 		return st, nil
 	}
+	st.Metrics["up"] = 1
 	var problems []string
 	if changes := s.identityChanges(&rec); len(changes) > 0 {
 		var attrs []string
@@ -1058,11 +1062,18 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	ready := s.notReady(ctx, lc, &rec)
 	if ready == "" {
 		field("readiness", "ready")
+		st.Metrics["ready"] = 1
 	} else {
 		field("readiness", "not ready: "+ready)
 		problems = append(problems, "not ready")
 	}
 	metricFields(field, m)
+	for key, v := range map[string]*float64{"accept_length": m.AcceptLen, "accept_rate": m.AcceptRate,
+		"gen_throughput_tokens_per_second": m.GenThroughput, "token_usage": m.TokenUsage, "mamba_usage": m.MambaUsage} {
+		if v != nil {
+			st.Metrics[key] = *v
+		}
+	}
 	if s.enableMetrics && s.port > 0 {
 		if pm, err := lc.Metrics(ctx, s.port); err != nil {
 			field("/metrics", "unavailable: "+err.Error())
@@ -1078,6 +1089,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 			problems = append(problems, "smoke test got no answer")
 		case r.OK:
 			field("smoke test", fmt.Sprintf("passed (repetition %.2f)", r.Repetition))
+			st.Metrics["smoke_test_passed"] = 1
 		default:
 			field("smoke test", "failed: "+r.Reason)
 			field("smoke output", strconv.Quote(r.Output))

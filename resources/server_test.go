@@ -229,6 +229,12 @@ func TestServerLaunchNoOpAndFlagRelaunch(t *testing.T) {
 		!strings.Contains(fieldOf(st.Status, "smoke test"), "passed") || fieldOf(st.Status, "/metrics requests") == "" {
 		t.Errorf("status = %+v", st.Status)
 	}
+	// The same facts as numbers, for agent run's /metrics (agent_server_<key>{name}).
+	for k, want := range map[string]float64{"up": 1, "ready": 1, "generation": 1, "restarts": 0, "accept_rate": 0.97, "smoke_test_passed": 1} {
+		if got, ok := st.Status.Metrics[k]; !ok || got != want {
+			t.Errorf("Metrics[%s] = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
 
 	// A changed flag: one restart, with the flag named.
 	step := h.plan("mem=0.85")

@@ -166,25 +166,35 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 		t.Fatalf("the relaunch kept PID %d", first.PID)
 	}
 
-	// The endpoints answer while it runs.
-	for _, path := range []string{"/healthz", "/status", "/metrics"} {
+	// The endpoints answer while it runs; the status metrics are refreshed every pass.
+	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + listen + path)
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Errorf("%s = %d: %s", path, resp.StatusCode, body)
-		}
-		if path == "/metrics" {
-			for _, series := range []string{"agent_reconcile_passes_total", `agent_resource_healthy{name="server.qwen"} 1`, "agent_plan_valid 1"} {
-				if !strings.Contains(string(body), series) {
-					t.Errorf("/metrics lacks %s", series)
-				}
-			}
+		return resp.StatusCode, string(body)
+	}
+	for _, path := range []string{"/healthz", "/status"} {
+		if code, body := get(path); code != 200 {
+			t.Errorf("%s = %d: %s", path, code, body)
 		}
 	}
+	series := []string{"agent_reconcile_passes_total", `agent_resource_healthy{name="server.qwen"} 1`, "agent_plan_valid 1",
+		`agent_server_up{name="qwen"} 1`, `agent_server_ready{name="qwen"} 1`, `agent_server_generation{name="qwen"} 2`,
+		`agent_server_restarts{name="qwen"} 1`, `agent_server_accept_rate{name="qwen"} 0.97`}
+	var missing []string
+	waitUntil(t, "the server series in /metrics", 20*time.Second, func() bool {
+		_, body := get("/metrics")
+		missing = missing[:0]
+		for _, s := range series {
+			if !strings.Contains(body, s) {
+				missing = append(missing, s)
+			}
+		}
+		return len(missing) == 0
+	})
 
 	// SIGTERM stops the agent, never the server it manages.
 	cmd.Process.Signal(syscall.SIGTERM)
