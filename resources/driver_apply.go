@@ -153,7 +153,7 @@ func (d *Driver) stopGPUUsers(ctx context.Context, env *agent.Env, before *drive
 		pids[i] = p.PID
 	}
 	reason := fmt.Sprintf("%s: driver %s → %s", d.addr, before.Loaded, d.version)
-	if err := d.host.StopGPUServers.StopGPUServers(ctx, pids, reason); err != nil {
+	if err := d.host.StopGPUServers.StopGPUServers(ctx, d.stateDir(env), pids, reason); err != nil {
 		return fmt.Errorf("stop the servers before the driver change: %w", err)
 	}
 	wait := d.release
@@ -177,6 +177,11 @@ func (d *Driver) stopGPUUsers(ctx context.Context, env *agent.Env, before *drive
 
 // workDir is where the driver keeps its downloads and logs: <state dir>/nvidia_driver/NAME.
 func (d *Driver) workDir(env *agent.Env) string {
+	return filepath.Join(d.stateDir(env), "nvidia_driver", d.name)
+}
+
+// stateDir is the agent's state directory.
+func (d *Driver) stateDir(env *agent.Env) string {
 	dir := d.host.StateDir
 	if dir == "" && env.State != nil {
 		dir = env.State.Dir()
@@ -184,7 +189,7 @@ func (d *Driver) workDir(env *agent.Env) string {
 	if dir == "" {
 		dir = state.DefaultDir
 	}
-	return filepath.Join(dir, "nvidia_driver", d.name)
+	return dir
 }
 
 // install runs the installer or the package manager and verifies that the userspace

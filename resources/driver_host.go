@@ -76,7 +76,8 @@ type GPUServerStopper interface {
 	// says takeover = true, and returns when its servers are proven gone or ctx ends.
 	// reason is for its logs ("nvidia_driver.host: driver 570.x → 580.95.05").
 	// Processes it leaves running make the driver change fail, naming them.
-	StopGPUServers(ctx context.Context, gpuPIDs []int, reason string) error
+	// stateDir is the agent's state directory, where the servers' records are.
+	StopGPUServers(ctx context.Context, stateDir string, gpuPIDs []int, reason string) error
 }
 
 // HostRootEnv names the environment variable that moves the host's root for

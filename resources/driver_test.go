@@ -666,7 +666,7 @@ type stopper struct {
 	reason string
 }
 
-func (s *stopper) StopGPUServers(ctx context.Context, pids []int, reason string) error {
+func (s *stopper) StopGPUServers(ctx context.Context, stateDir string, pids []int, reason string) error {
 	s.called = append(s.called, pids)
 	s.reason = reason
 	s.obs.set(func(i *gpu.Info) {

@@ -36,6 +36,9 @@ func (h Host) withDefaults() Host {
 	if h.GPU == nil {
 		h.GPU = gpu.Default(h.Root)
 	}
+	if h.StopGPUServers == nil {
+		h.StopGPUServers = serverStopper{proc: h.Proc, gpu: h.GPU}
+	}
 	return h
 }
 

@@ -1,0 +1,88 @@
+package resources
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/proc"
+)
+
+// serverStopper is the GPUServerStopper wired in by KindsFor: before a driver change it
+// stops, with the server lifecycle's verified kill, every server this agent launched (or
+// adopted) that holds GPU memory. It finds them through their state records, never by
+// name: a GPU process belongs to a server when it is the recorded leader (PID and start
+// time), or is in the recorded process group or session. Processes that belong to no
+// record are left alone; the driver then names them and refuses.
+type serverStopper struct {
+	proc proc.FS
+	gpu  gpu.Observer
+}
+
+var _ GPUServerStopper = serverStopper{}
+
+// gpuStopTimeout is the SIGTERM grace before SIGKILL; a server's own stop.timeout is not
+// in its record, and the default of the server kind is the safe bound.
+const gpuStopTimeout = DefaultStopTimeout
+
+func (s serverStopper) StopGPUServers(ctx context.Context, stateDir string, gpuPIDs []int, reason string) error {
+	files, err := filepath.Glob(filepath.Join(stateDir, "resources", "server.*.json"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var rec serverRecord
+		if err := json.Unmarshal(data, &rec); err != nil || rec.PID <= 0 {
+			continue
+		}
+		alive, err := s.proc.Alive(rec.id())
+		if err != nil || !alive || !s.holdsGPU(&rec, gpuPIDs) {
+			continue
+		}
+		addr := strings.TrimSuffix(filepath.Base(f), ".json")
+		// Host PIDs, whatever the place: the host's /proc sees container processes too.
+		// The port check only means something in the agent's own network namespace.
+		port := rec.Port
+		if rec.Place != "" && rec.Place != "host" {
+			port = 0
+		}
+		lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: s.proc}, GPU: s.gpu}
+		if _, err := lc.Stop(ctx, rec.target(), syscall.SIGTERM, gpuStopTimeout, port); err != nil {
+			errs = append(errs, fmt.Errorf("%s: stop %s (pid %d): %w", reason, addr, rec.PID, err))
+		}
+		// The record stays: the server resource sees its process gone and relaunches it on
+		// the next apply, on the new driver.
+	}
+	return errors.Join(errs...)
+}
+
+// holdsGPU reports whether one of the GPU processes belongs to the recorded server.
+func (s serverStopper) holdsGPU(rec *serverRecord, gpuPIDs []int) bool {
+	if slices.Contains(gpuPIDs, rec.PID) {
+		return true
+	}
+	for _, pid := range gpuPIDs {
+		st, err := s.proc.Stat(pid)
+		if err != nil {
+			continue
+		}
+		if (rec.PGID > 0 && st.PGRP == rec.PGID) || (rec.SID > 0 && st.Session == rec.SID) {
+			return true
+		}
+	}
+	return false
+}
