@@ -43,6 +43,7 @@ type ServerConfig struct {
 	LogDir         *string            `hcl:"log_dir,optional"`
 	KeepLogs       *int               `hcl:"keep_logs,optional"`
 	UnhealthyGrace *string            `hcl:"unhealthy_grace,optional"`
+	Preflight      *string            `hcl:"preflight,optional"`
 }
 
 // ServerReadyConfig is the `ready` block of a server.
@@ -106,6 +107,7 @@ type Server struct {
 	keepLogs       int
 	grace          time.Duration
 	enableMetrics  bool
+	preflightMode  string // "warn", "enforce" or "off": does the model fit the GPUs? (preflight.go)
 	envSensitive   bool
 	flagsSensitive bool
 }
@@ -212,6 +214,14 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		}
 	}
 	s.grace = duration(c.UnhealthyGrace, DefaultUnhealthyGrace, "unhealthy_grace")
+	switch p := deref(c.Preflight); p {
+	case "", "warn":
+		s.preflightMode = "warn"
+	case "enforce", "off":
+		s.preflightMode = p
+	default:
+		bad(r.Range("preflight"), "Invalid preflight", fmt.Sprintf("preflight is \"warn\" (the default), \"enforce\" or \"off\", not %q.", p))
+	}
 	if c.Ready != nil {
 		s.ready.HTTP = deref(c.Ready.HTTP)
 		s.ready.LogLine = deref(c.Ready.LogLine)
@@ -625,6 +635,18 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	d, err := s.check(ctx, env, lc, has, alive, &rec, missing)
 	if d != nil && noEndpoint != nil {
 		d.Warnings = append(d.Warnings, noEndpoint.Error())
+	}
+	if err == nil && d != nil && launches(d) {
+		var prev *serverRecord
+		if has {
+			prev = &rec
+		}
+		if msg, fits := s.preflight(ctx, prev); !fits {
+			if s.preflightMode == "enforce" {
+				return nil, fmt.Errorf("preflight = \"enforce\": not launching: %s", msg)
+			}
+			d.Warnings = append(d.Warnings, "preflight: "+msg)
+		}
 	}
 	return d, err
 }
