@@ -589,8 +589,6 @@ func listText(l []string) string {
 
 // serverDetail is what Check decided, for Apply.
 type serverDetail struct {
-	// adopt is the record of a matching process the agent did not start.
-	adopt *serverRecord
 	// prev is the previous record (its generation counts; its process, or what is left
 	// of it, is stopped first when stop is set).
 	prev *serverRecord
@@ -715,10 +713,18 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		if st, err := procStart(procs, owner.StartTicks); err == nil {
 			adopt.LaunchedAt = st
 		}
-		det.adopt, det.stop = &adopt, false
-		c := agent.Set("pid", "not recorded", fmt.Sprintf("%d, already running this exact command line on port %d", owner.PID, s.port))
-		c.Note = "adopt, no restart"
-		return &agent.Diff{Action: agent.Update, Changes: []agent.Change{c}, Detail: det}, nil
+		// Adopted here, in Check: recording a fact the agent just proved (this PID, with
+		// this start time, runs exactly the plan's command line) changes nothing on the
+		// host, so a plan of an exported host says "no changes" and names the adoption.
+		if err := env.State.Save(&adopt); err != nil {
+			return nil, err
+		}
+		env.Log.Info("adopted a running server", "pid", owner.PID)
+		d, err := s.checkReady(ctx, env, lc, &adopt)
+		if d != nil {
+			d.Warnings = append(d.Warnings, fmt.Sprintf("adopted pid %d: it already runs this exact command line on port %d; recorded as this server's, not restarted", owner.PID, s.port))
+		}
+		return d, err
 	}
 	desc := describeProc(procs, owner.PID)
 	if !s.takeover {
@@ -921,10 +927,6 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	det, ok := d.Detail.(*serverDetail)
 	if !ok {
 		return fmt.Errorf("internal error: diff detail is %T", d.Detail)
-	}
-	if det.adopt != nil {
-		env.Log.Info("adopting a running server", "pid", det.adopt.PID)
-		return env.State.Save(det.adopt)
 	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil {

@@ -14,10 +14,6 @@ import (
 
 // launches reports whether applying d starts a new server process.
 func launches(d *agent.Diff) bool {
-	det, ok := d.Detail.(*serverDetail)
-	if ok && det.adopt != nil {
-		return false
-	}
 	return d.Action == agent.Create || d.Action == agent.Restart || d.Action == agent.Replace
 }
 
