@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -33,12 +35,23 @@ type ContainerConfig struct {
 	Target          *string           `hcl:"target,optional"`
 	NvidiaRuntime   *bool             `hcl:"nvidia_runtime,optional"`
 	NvidiaUserspace *string           `hcl:"nvidia_userspace,optional"`
-	Running         *bool             `hcl:"running,optional"`
-	StopTimeout     *string           `hcl:"stop_timeout,optional"`
+	// NvidiaInstaller installs nvidia_userspace inside the instance when it differs.
+	NvidiaInstaller *ContainerInstallerConfig `hcl:"nvidia_installer,block"`
+	Running         *bool                     `hcl:"running,optional"`
+	StopTimeout     *string                   `hcl:"stop_timeout,optional"`
 
 	GPUs    []ContainerGPUConfig    `hcl:"gpu,block"`
 	Disks   []ContainerDiskConfig   `hcl:"disk,block"`
 	Devices []ContainerDeviceConfig `hcl:"device,block"`
+}
+
+// ContainerInstallerConfig is the `nvidia_installer` block: NVIDIA's .run installer for
+// the userspace driver, run inside the instance with --no-kernel-module (the same file
+// as the nvidia_driver block's installer).
+type ContainerInstallerConfig struct {
+	URL    string   `hcl:"url"`
+	SHA256 string   `hcl:"sha256"`
+	Args   []string `hcl:"args,optional"`
 }
 
 // ContainerGPUConfig is a `gpu "NAME"` block: an Incus gpu device. Every field is
@@ -96,6 +109,7 @@ type Container struct {
 	target       string
 	nvidiaRT     bool
 	userspace    string // wanted NVIDIA userspace driver version; "" = not checked
+	installer    *ContainerInstallerConfig
 	running      bool
 	stopTimeout  time.Duration
 
@@ -217,6 +231,18 @@ func bindContainer(r *plans.Resource, c *ContainerConfig) (*Container, hcl.Diagn
 	if k.nvidiaRT && c.Config["security.privileged"] == "true" {
 		bad(r.Range("nvidia_runtime"), "nvidia_runtime in a privileged container",
 			"The NVIDIA container runtime hook refuses privileged containers (security.privileged = \"true\"): use an unprivileged container, or pass the GPU with gpu blocks and install the userspace driver inside (nvidia_userspace).")
+	}
+	if c.NvidiaInstaller != nil {
+		k.installer = c.NvidiaInstaller
+		if k.userspace == "" {
+			bad(r.Range("nvidia_installer"), "Installer without a version", "nvidia_installer installs nvidia_userspace: set nvidia_userspace = nvidia_driver.NAME.version.")
+		}
+		if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(k.installer.SHA256) {
+			bad(r.Range("nvidia_installer", "sha256"), "Invalid sha256", "sha256 is the installer's 64 lower-case hex digits: the agent runs nothing it has not verified.")
+		}
+		if u, err := url.Parse(k.installer.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") {
+			bad(r.Range("nvidia_installer", "url"), "Invalid installer URL", fmt.Sprintf("%q is not an http(s) URL.", k.installer.URL))
+		}
 	}
 	if k.userspace != "" && !isDriverVersion(k.userspace) {
 		bad(r.Range("nvidia_userspace"), "Invalid driver version", fmt.Sprintf("%q is not an NVIDIA driver version such as \"580.95.05\".", k.userspace))
@@ -352,7 +378,9 @@ type containerDetail struct {
 	start   bool
 	stop    bool
 
-	userspaceErr string // the userspace driver inside does not match
+	userspaceErr string // the userspace driver inside does not match, and nothing installs it
+	// installUserspace runs nvidia_installer inside the instance.
+	installUserspace bool
 }
 
 // client returns the Incus client for the plan's socket.
@@ -608,9 +636,14 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 				old = "(none)"
 			}
 			ch := agent.Set("nvidia_userspace", old, k.userspace)
-			ch.Note = "must match the host's kernel module; not installed by the agent yet"
+			if k.installer != nil {
+				ch.Note = "installed inside with the verified installer, --no-kernel-module"
+				det.installUserspace = true
+			} else {
+				ch.Note = "must match the host's kernel module; no nvidia_installer to install it"
+				det.userspaceErr = k.userspaceFix(have)
+			}
 			d.Add(ch)
-			det.userspaceErr = k.userspaceFix(have)
 		}
 	}
 
@@ -728,7 +761,7 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 				return err
 			}
 		}
-		return k.verifyUserspace(ctx, c)
+		return k.verifyUserspace(ctx, c, env)
 	}
 
 	if det.restart || det.stop {
@@ -748,6 +781,9 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		if err := k.start(ctx, c); err != nil {
 			return err
 		}
+	}
+	if det.installUserspace {
+		return k.installUserspace(ctx, c, env)
 	}
 	if det.userspaceErr != "" {
 		return errors.New(det.userspaceErr)
@@ -995,12 +1031,13 @@ func (k *Container) userspaceFix(have string) string {
 	if have == "" {
 		what = fmt.Sprintf("instance %s has no NVIDIA userspace driver (no libnvidia-ml.so.1)", k.name)
 	}
-	return fmt.Sprintf("%s, and the plan wants %s to match the host's kernel module (a mismatch fails with \"Driver/library version mismatch\"). The agent does not install it yet: run NVIDIA-Linux-x86_64-%s.run --no-kernel-module --silent inside the instance, or set nvidia_runtime = true to mount the host's libraries",
+	return fmt.Sprintf("%s, and the plan wants %s to match the host's kernel module (a mismatch fails with \"Driver/library version mismatch\"). Add an nvidia_installer { url, sha256 } block (the agent then runs it inside with --no-kernel-module), run NVIDIA-Linux-x86_64-%s.run --no-kernel-module --silent inside yourself, or set nvidia_runtime = true to mount the host's libraries",
 		what, k.userspace, k.userspace)
 }
 
-// verifyUserspace checks the userspace driver once a new instance runs.
-func (k *Container) verifyUserspace(ctx context.Context, c *incus.Client) error {
+// verifyUserspace checks the userspace driver once a new instance runs, and installs it
+// when an installer is declared.
+func (k *Container) verifyUserspace(ctx context.Context, c *incus.Client, env *agent.Env) error {
 	if k.userspace == "" || !k.running {
 		return nil
 	}
@@ -1008,10 +1045,13 @@ func (k *Container) verifyUserspace(ctx context.Context, c *incus.Client) error 
 	if err != nil {
 		return err
 	}
-	if have != k.userspace {
-		return errors.New(k.userspaceFix(have))
+	if have == k.userspace {
+		return nil
 	}
-	return nil
+	if k.installer != nil {
+		return k.installUserspace(ctx, c, env)
+	}
+	return errors.New(k.userspaceFix(have))
 }
 
 // Status reports the instance's live state: status, init PID, addresses, attached GPUs

@@ -2,6 +2,7 @@ package resources
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
@@ -398,6 +400,48 @@ func TestContainerUserspaceAndFiles(t *testing.T) {
 	h.apply(`  image = "busybox"
   nvidia_userspace = "550.54.14"
 `)
+
+	// With nvidia_installer, the agent installs the wanted version inside: downloaded and
+	// verified, pushed, run with --no-kernel-module, removed, checked. The fake installer
+	// records its arguments and installs a library of its version.
+	installer := "#!/bin/sh\n" +
+		"echo \"$@\" > /root/installer-args\n" +
+		"lib=/usr/lib/x86_64-linux-gnu\n" +
+		"mkdir -p $lib && : > $lib/libnvidia-ml.so.580.95.05 && ln -sf libnvidia-ml.so.580.95.05 $lib/libnvidia-ml.so.1\n" +
+		"echo 'Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: 580.95.05) is now complete.'\n"
+	srv := fetchtest.NewServer()
+	t.Cleanup(srv.Close)
+	srv.Set("/NVIDIA-Linux-x86_64-580.95.05.run", []byte(installer))
+	sum := sha256.Sum256([]byte(installer))
+	withInstaller := fmt.Sprintf(`  image = "busybox"
+  nvidia_userspace = "580.95.05"
+  nvidia_installer {
+    url    = %q
+    sha256 = "%x"
+  }
+`, srv.URL("/NVIDIA-Linux-x86_64-580.95.05.run"), sum)
+	d = h.plan(withInstaller)
+	if d.Action != agent.Update || len(d.Changes) != 1 || !strings.Contains(d.Changes[0].Note, "--no-kernel-module") {
+		t.Fatalf("plan with an installer: %s %+v", d.Action, d.Changes)
+	}
+	h.apply(withInstaller) // applies and re-plans as a no-op
+	if got := h.exec("cat", "/root/installer-args"); !strings.Contains(got, "--no-kernel-module") || !strings.Contains(got, "--silent") {
+		t.Errorf("installer arguments = %q", got)
+	}
+	if got := h.exec("sh", "-c", "ls /root/*.run 2>/dev/null; true"); strings.TrimSpace(got) != "" {
+		t.Errorf("the installer was left inside: %q", got)
+	}
+
+	// A wrong checksum runs nothing.
+	bad := strings.Replace(withInstaller, fmt.Sprintf("%x", sum), strings.Repeat("0", 64), 1)
+	h.exec("sh", "-c", "ln -sf libnvidia-ml.so.550.54.14 "+lib+"/libnvidia-ml.so.1 && rm /root/installer-args")
+	rep = h.engine(bad).Apply(ctx, nil)
+	if err := rep.Steps[0].Err; err == nil || !strings.Contains(err.Error(), "sha256") {
+		t.Errorf("apply with a wrong checksum: %v", err)
+	}
+	if got := h.exec("sh", "-c", "cat /root/installer-args 2>/dev/null; true"); got != "" {
+		t.Errorf("an unverified installer ran: %q", got)
+	}
 }
 
 // TestContainerUnmanagedUntouched: instances the plan does not name are never changed,
