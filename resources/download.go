@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/plans"
 )
@@ -398,7 +399,7 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		attr := fmt.Sprintf("file[%q]", f.Name)
 		size := "size unknown"
 		if f.Size >= 0 {
-			size = sizeString(f.Size)
+			size = bytesize.Format(f.Size)
 		}
 		switch {
 		case fs.State == fetch.StateVerify:
@@ -406,7 +407,7 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		case fs.Size >= 0:
 			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: fs.Reason, New: "download " + size})
 		case fs.Partial > 0:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: fmt.Sprintf("download %s (resume, %s on disk)", size, sizeString(fs.Partial))})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))})
 		default:
 			diff.Add(agent.Change{Attr: attr, HasNew: true, New: "download " + size})
 		}
@@ -574,7 +575,7 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 	}}
 	st.Fields = append(st.Fields,
 		agent.Field{Name: "files verified", Value: fmt.Sprintf("%d/%d", verified, n)},
-		agent.Field{Name: "bytes", Value: fmt.Sprintf("%s / %s", sizeString(done), sizeString(total))},
+		agent.Field{Name: "bytes", Value: fmt.Sprintf("%s / %s", bytesize.Format(done), bytesize.Format(total))},
 		agent.Field{Name: "dest", Value: d.dest})
 	if t.listing != nil {
 		st.Fields = append(st.Fields, agent.Field{Name: "commit", Value: t.listing.Commit})
@@ -588,37 +589,23 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 	}
 	switch p := rec.Progress; {
 	case st.Healthy:
-		st.Summary = fmt.Sprintf("%d/%d files verified, %s", verified, n, sizeString(done))
+		st.Summary = fmt.Sprintf("%d/%d files verified, %s", verified, n, bytesize.Format(done))
 	case p.live(now):
-		st.Summary = fmt.Sprintf("downloading (PID %d): %s / %s, %s/s, ETA %s", p.PID, sizeString(p.Done), sizeString(p.Total), sizeString(int64(p.Rate)), etaString(p.ETASeconds))
+		st.Summary = fmt.Sprintf("downloading (PID %d): %s / %s, %s/s, ETA %s", p.PID, bytesize.Format(p.Done), bytesize.Format(p.Total), bytesize.Format(int64(p.Rate)), etaString(p.ETASeconds))
 		st.Metrics["bytes_done"] = float64(p.Done)
 		st.Metrics["rate_bytes_per_second"] = p.Rate
 		st.Metrics["eta_seconds"] = p.ETASeconds
 		st.Fields = append(st.Fields,
-			agent.Field{Name: "rate", Value: sizeString(int64(p.Rate)) + "/s"},
+			agent.Field{Name: "rate", Value: bytesize.Format(int64(p.Rate)) + "/s"},
 			agent.Field{Name: "eta", Value: etaString(p.ETASeconds)})
 		for _, f := range p.Files {
 			st.Fields = append(st.Fields, agent.Field{Name: "file " + f.Name,
-				Value: fmt.Sprintf("%s %s / %s, %s/s, ETA %s", f.State, sizeString(f.Done), sizeString(f.Total), sizeString(int64(f.Rate)), etaString(f.ETASeconds))})
+				Value: fmt.Sprintf("%s %s / %s, %s/s, ETA %s", f.State, bytesize.Format(f.Done), bytesize.Format(f.Total), bytesize.Format(int64(f.Rate)), etaString(f.ETASeconds))})
 		}
 	default:
-		st.Summary = fmt.Sprintf("incomplete: %d/%d files verified, %s / %s on disk (an apply resumes it)", verified, n, sizeString(done), sizeString(total))
+		st.Summary = fmt.Sprintf("incomplete: %d/%d files verified, %s / %s on disk (an apply resumes it)", verified, n, bytesize.Format(done), bytesize.Format(total))
 	}
 	return st, nil
-}
-
-// sizeString is a byte count for people: "52.0 GiB".
-func sizeString(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func etaString(sec float64) string {

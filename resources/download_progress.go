@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/fetch"
 )
 
@@ -77,7 +78,7 @@ func (r *progressReporter) update(p fetch.Progress) {
 		r.erase()
 		if r.term != nil && p.Done > 0 {
 			el := time.Since(r.start)
-			fmt.Fprintf(r.term, "  %s: %s in place (%s, %s/s)\n", r.addr, sizeString(p.Done), el.Round(time.Second), sizeString(int64(float64(p.Done)/max(el.Seconds(), 0.001))))
+			fmt.Fprintf(r.term, "  %s: %s in place (%s, %s/s)\n", r.addr, bytesize.Format(p.Done), el.Round(time.Second), bytesize.Format(int64(float64(p.Done)/max(el.Seconds(), 0.001))))
 		}
 		return
 	}
@@ -170,11 +171,11 @@ func bar(done, total int64) string {
 func amounts(done, total int64, rate float64, eta time.Duration) string {
 	t := "?"
 	if total >= 0 {
-		t = sizeString(total)
+		t = bytesize.Format(total)
 	}
 	e := "?"
 	if eta >= 0 {
 		e = eta.Round(time.Second).String()
 	}
-	return fmt.Sprintf("%9s / %-9s %9s/s  ETA %s", sizeString(done), t, sizeString(int64(rate)), e)
+	return fmt.Sprintf("%9s / %-9s %9s/s  ETA %s", bytesize.Format(done), t, bytesize.Format(int64(rate)), e)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/plans"
@@ -540,7 +541,7 @@ func describeDevice(g gpu.Device) string {
 	}
 	if g.MemoryTotal > 0 {
 		parts = append(parts, fmt.Sprintf("memory %s used of %s, %s free",
-			gpu.FormatBytes(g.MemoryUsed), gpu.FormatBytes(g.MemoryTotal), gpu.FormatBytes(g.MemoryFree)))
+			bytesize.Format(g.MemoryUsed), bytesize.Format(g.MemoryTotal), bytesize.Format(g.MemoryFree)))
 	} else {
 		parts = append(parts, "memory not visible without NVML")
 	}

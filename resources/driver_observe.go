@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/gpu"
 )
 
@@ -227,7 +228,7 @@ func gpuProcesses(info gpu.Info) []gpu.Process {
 func describeProcesses(h Host, ps []gpu.Process) string {
 	parts := make([]string, len(ps))
 	for i, p := range ps {
-		parts[i] = fmt.Sprintf("pid %d (%s) %s", p.PID, cmdlineOf(h, p.PID), gpu.FormatBytes(p.UsedMemory))
+		parts[i] = fmt.Sprintf("pid %d (%s) %s", p.PID, cmdlineOf(h, p.PID), bytesize.Format(p.UsedMemory))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agent-dev/agent/internal/bytesize"
 )
 
 // File is one file to bring into Dest.
@@ -334,23 +336,10 @@ func (r *run) checkSpace(tasks []*task) error {
 	need := missing + r.opts.FreeSpaceMargin
 	if free < need {
 		return fmt.Errorf("%w on %s: %s (%d bytes) free, need %s (%d bytes): %s missing plus a %s margin",
-			ErrNoSpace, r.destAbs, humanBytes(free), free, humanBytes(need), need,
-			humanBytes(missing), humanBytes(r.opts.FreeSpaceMargin))
+			ErrNoSpace, r.destAbs, bytesize.Format(free), free, bytesize.Format(need), need,
+			bytesize.Format(missing), bytesize.Format(r.opts.FreeSpaceMargin))
 	}
 	return nil
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // backoff returns the wait before retry number n (1-based).

@@ -95,16 +95,3 @@ func NormalizePCIBusID(s string) string {
 	}
 	return fmt.Sprintf("%04x:%02x:%02x.%x", domain, bus, dev, fn)
 }
-
-// formatBytes renders a memory size for operators: "70.5 GiB", "512 MiB".
-func formatBytes(b uint64) string {
-	const mib, gib = 1 << 20, 1 << 30
-	switch {
-	case b >= gib:
-		return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
-	case b >= mib:
-		return strconv.FormatUint(b/mib, 10) + " MiB"
-	default:
-		return strconv.FormatUint(b, 10) + " B"
-	}
-}

@@ -58,19 +58,3 @@ func TestProcessesUsing(t *testing.T) {
 		})
 	}
 }
-
-func TestFormatBytes(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[uint64]string{
-		0:              "0 B",
-		512:            "512 B",
-		300 << 20:      "300 MiB",
-		3 << 29:        "1.5 GiB",
-		141 << 30:      "141.0 GiB",
-		70<<30 + 1<<29: "70.5 GiB",
-	} {
-		if got := formatBytes(in); got != want {
-			t.Errorf("formatBytes(%d) = %q, want %q", in, got, want)
-		}
-	}
-}

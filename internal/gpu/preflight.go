@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/agent-dev/agent/internal/bytesize"
 )
 
 // ErrMemoryUnknown is wrapped by Preflight's error when the observation
@@ -111,21 +113,21 @@ func Preflight(info Info, weightsBytes uint64, tp int, memFraction float64, gpus
 
 func (r PreflightResult) message() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "weights %s / tp %d = %s per GPU", formatBytes(r.Weights), r.TP, formatBytes(r.PerGPU))
+	fmt.Fprintf(&b, "weights %s / tp %d = %s per GPU", bytesize.Format(r.Weights), r.TP, bytesize.Format(r.PerGPU))
 	for _, g := range r.GPUs {
 		verdict := "fits"
 		if !g.Fits {
 			verdict = "does not fit"
 		}
-		fmt.Fprintf(&b, "; GPU %d: free %s of %s × %g = %s: %s", g.Index, formatBytes(g.Free), formatBytes(g.Total),
-			r.Fraction, formatBytes(g.Budget), verdict)
+		fmt.Fprintf(&b, "; GPU %d: free %s of %s × %g = %s: %s", g.Index, bytesize.Format(g.Free), bytesize.Format(g.Total),
+			r.Fraction, bytesize.Format(g.Budget), verdict)
 		if !g.Fits && len(g.Holders) > 0 {
 			b.WriteString(" (held by ")
 			for i, p := range g.Holders {
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				fmt.Fprintf(&b, "pid %d: %s", p.PID, formatBytes(p.UsedMemory))
+				fmt.Fprintf(&b, "pid %d: %s", p.PID, bytesize.Format(p.UsedMemory))
 			}
 			b.WriteString(")")
 		}
@@ -146,7 +148,3 @@ func formatIndices(idx []int) string {
 	}
 	return strings.Join(parts, ", ")
 }
-
-// FormatBytes renders a memory size for operators, as this package's
-// messages do: "70.5 GiB", "512 MiB".
-func FormatBytes(b uint64) string { return formatBytes(b) }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/agent-dev/agent/internal/bytesize"
 )
 
 // ErrNotReleased is wrapped by WaitReleased's error when processes still
@@ -87,7 +89,7 @@ func WaitReleased(ctx context.Context, obs Observer, pids []int, deadline time.T
 func formatHeld(held []Process) string {
 	parts := make([]string, len(held))
 	for i, p := range held {
-		parts[i] = fmt.Sprintf("pid %d holds %s", p.PID, formatBytes(p.UsedMemory))
+		parts[i] = fmt.Sprintf("pid %d holds %s", p.PID, bytesize.Format(p.UsedMemory))
 	}
 	return strings.Join(parts, ", ")
 }
