@@ -2,6 +2,8 @@ package resources
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -499,10 +501,30 @@ func (r *serverRecord) target() proc.Target {
 
 // record is the identity s would launch, without the process facts.
 func (s *Server) record() serverRecord {
-	return serverRecord{
+	r := serverRecord{
 		Place: s.place, Argv: s.argv(), Command: slices.Clone(s.command), Flags: s.flagDisplay(),
 		Args: slices.Clone(s.args), Env: maps.Clone(s.env), Workdir: s.workdir, User: s.user, Port: s.port,
 	}
+	// Secrets never reach the state file: values derived from a sensitive variable are
+	// recorded as digests, which identityChanges compares just as well.
+	if s.envSensitive {
+		for k, v := range r.Env {
+			r.Env[k] = secretDigest(v)
+		}
+	}
+	if s.flagsSensitive {
+		for k, v := range r.Flags {
+			r.Flags[k] = secretDigest(v)
+		}
+		r.Argv = []string{secretDigest(strings.Join(r.Argv, "\x00"))}
+	}
+	return r
+}
+
+// secretDigest stands for a sensitive value in the state file.
+func secretDigest(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // identityChanges lists, attribute by attribute, how the recorded launch differs from
@@ -981,7 +1003,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	}
 	marker := fmt.Sprintf("AGENT_SERVER=%s#%d@%d", s.addr, gen, env.Now().UnixNano())
 	want := s.record()
-	spec := lifecycle.Spec{Argv: want.Argv, Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker}
+	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker}
 	var rec serverRecord
 	x, err := lc.Launch(ctx, lifecycle.LaunchOptions{
 		Name: s.name, LogDir: s.logDir, KeepLogs: s.keepLogs, Generation: gen, Spec: spec, Port: s.port,
