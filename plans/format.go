@@ -11,6 +11,9 @@ import (
 // Format returns src in canonical form (hclwrite's layout: aligned equals signs, two-space
 // indents). It refuses source that does not parse, so formatting never hides a syntax error.
 func Format(name string, src []byte) ([]byte, hcl.Diagnostics) {
+	if diags := checkBounds(name, src); diags.HasErrors() {
+		return nil, diags
+	}
 	if _, diags := hclsyntax.ParseConfig(src, name, hcl.InitialPos); diags.HasErrors() {
 		return nil, diags
 	}

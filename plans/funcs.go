@@ -80,9 +80,9 @@ func functions(dir string) map[string]funcEntry {
 		"fileexists":      fileExists,
 		"flatten":         stdlib.FlattenFunc,
 		"floor":           stdlib.FloorFunc,
-		"format":          stdlib.FormatFunc,
-		"formatlist":      stdlib.FormatListFunc,
-		"indent":          stdlib.IndentFunc,
+		"format":          boundFormat(stdlib.FormatFunc),
+		"formatlist":      boundFormat(stdlib.FormatListFunc),
+		"indent":          boundIndent(stdlib.IndentFunc),
 		"join":            stdlib.JoinFunc,
 		"jsondecode":      stdlib.JSONDecodeFunc,
 		"jsonencode":      stdlib.JSONEncodeFunc,
@@ -134,4 +134,54 @@ func FunctionNames() []string {
 		out = append(out, n)
 	}
 	return out
+}
+
+// boundFormat refuses format strings whose widths or precisions pass MaxFormatWidth
+// before cty allocates them.
+func boundFormat(f function.Function) function.Function {
+	return bound(f, func(args []cty.Value) error {
+		if len(args) == 0 {
+			return nil
+		}
+		if v, _ := args[0].Unmark(); v.IsKnown() && !v.IsNull() && v.Type() == cty.String {
+			if err := formatWidthOK(v.AsString()); err != nil {
+				return function.NewArgError(0, err)
+			}
+		}
+		return nil
+	})
+}
+
+// boundIndent refuses an indent() of more than MaxIndent spaces.
+func boundIndent(f function.Function) function.Function {
+	return bound(f, func(args []cty.Value) error {
+		if len(args) == 0 {
+			return nil
+		}
+		if v, _ := args[0].Unmark(); v.IsKnown() && !v.IsNull() && v.Type() == cty.Number {
+			if n, _ := v.AsBigFloat().Int64(); n > MaxIndent || n < 0 || !v.AsBigFloat().IsInt() {
+				return function.NewArgErrorf(0, "indent of %s spaces: at most %d", v.AsBigFloat().String(), MaxIndent)
+			}
+		}
+		return nil
+	})
+}
+
+// bound wraps f's implementation with a check of its arguments.
+func bound(f function.Function, check func([]cty.Value) error) function.Function {
+	spec := &function.Spec{
+		Description: f.Description(),
+		Params:      f.Params(),
+		VarParam:    f.VarParam(),
+		Type: func(args []cty.Value) (cty.Type, error) {
+			return f.ReturnTypeForValues(args)
+		},
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			if err := check(args); err != nil {
+				return cty.NilVal, err
+			}
+			return f.Call(args)
+		},
+	}
+	return function.New(spec)
 }

@@ -58,6 +58,10 @@ func readSources(path string) ([]Source, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
+	euid := os.Geteuid()
+	if err := CheckOwnership(path, euid, st.IsDir()); err != nil {
+		return nil, "", err
+	}
 	var names []string
 	dir := filepath.Dir(path)
 	if st.IsDir() {
@@ -75,6 +79,11 @@ func readSources(path string) ([]Source, string, error) {
 	}
 	var out []Source
 	for _, n := range names {
+		if st.IsDir() {
+			if err := CheckOwnership(n, euid, true); err != nil {
+				return nil, "", err
+			}
+		}
 		fi, err := os.Stat(n)
 		if err != nil {
 			return nil, "", err
@@ -143,6 +152,10 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 	parser := hclparse.NewParser()
 	var files []*hcl.File
 	for _, s := range sources {
+		if diags := checkBounds(s.Name, s.Data); diags.HasErrors() {
+			l.diags = append(l.diags, diags...)
+			continue
+		}
 		f, diags := parser.ParseHCL(s.Data, s.Name)
 		l.diags = append(l.diags, diags...)
 		if f != nil {

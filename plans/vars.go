@@ -170,6 +170,15 @@ func (l *loader) assignRaw(d *declared, raw string, rng hcl.Range) {
 		l.assign(d, cty.StringVal(raw), rng)
 		return
 	}
+	if diags := checkBounds(rng.Filename, []byte(raw)); diags.HasErrors() {
+		d.failed = true
+		for _, diag := range diags {
+			diag.Subject = nil // the place is the -var or environment value, not a file
+			diag.Detail = fmt.Sprintf("var.%s (%s): %s", d.v.Name, rng.Filename, diag.Detail)
+		}
+		l.diags = append(l.diags, diags...)
+		return
+	}
 	expr, diags := hclsyntax.ParseExpression([]byte(raw), rng.Filename, hcl.InitialPos)
 	if !diags.HasErrors() {
 		var v cty.Value
@@ -207,9 +216,13 @@ func subject(rng hcl.Range) *hcl.Range {
 }
 
 func (l *loader) varFile(decls map[string]*declared, path string) {
-	data, err := os.ReadFile(path)
+	data, err := readVarFile(path)
 	if err != nil {
 		l.diags = append(l.diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Cannot read variable file", Detail: err.Error()})
+		return
+	}
+	if diags := checkBounds(path, data); diags.HasErrors() {
+		l.diags = append(l.diags, diags...)
 		return
 	}
 	f, diags := hclsyntax.ParseConfig(data, path, hcl.InitialPos)
@@ -339,4 +352,20 @@ func levenshtein(a, b string) int {
 		prev = cur
 	}
 	return prev[len(b)]
+}
+
+// readVarFile reads a -var-file under the same rules as a plan file: StrictModes when
+// running as root, and MaxFileSize.
+func readVarFile(path string) ([]byte, error) {
+	if err := CheckOwnership(path, os.Geteuid(), false); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%s is %d bytes; variable files are limited to %d", path, fi.Size(), MaxFileSize)
+	}
+	return os.ReadFile(path)
 }
