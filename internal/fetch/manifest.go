@@ -233,8 +233,12 @@ func classify(root *os.Root, m *manifest, f File) FileStatus {
 	return st
 }
 
-// extras walks dest (without following symlinks) for files no name claims.
+// extras walks dest for files no name claims, following no symlink inside it. A dest that
+// is itself a symlink (a weights directory on another disk) is walked where it points.
 func extras(ctx context.Context, dest string, named map[string]bool) ([]string, error) {
+	if real, err := filepath.EvalSymlinks(dest); err == nil {
+		dest = real
+	}
 	var out []string
 	err := filepath.WalkDir(dest, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
