@@ -32,6 +32,10 @@ type Options struct {
 	Environ []string
 }
 
+// VarFileSuffix marks variable files: in a plan directory they are not plan files, and
+// are read only through -var-file (kpro5.vars.hcl).
+const VarFileSuffix = ".vars.hcl"
+
 // MaxFileSize bounds a plan file: plans are tens of lines; a huge file is an accident or
 // an attack, and the parser's memory grows with it.
 const MaxFileSize = 4 << 20
@@ -66,12 +70,19 @@ func readSources(path string) ([]Source, string, error) {
 	dir := filepath.Dir(path)
 	if st.IsDir() {
 		dir = path
-		names, err = filepath.Glob(filepath.Join(path, "*.hcl"))
+		all, err := filepath.Glob(filepath.Join(path, "*.hcl"))
 		if err != nil {
 			return nil, "", err
 		}
+		// *.vars.hcl beside the plan are variable files (one per host): they are read
+		// only when named with -var-file, never as part of the plan.
+		for _, n := range all {
+			if !strings.HasSuffix(n, VarFileSuffix) {
+				names = append(names, n)
+			}
+		}
 		if len(names) == 0 {
-			return nil, "", fmt.Errorf("%s holds no *.hcl files", path)
+			return nil, "", fmt.Errorf("%s holds no *.hcl plan files (*%s are variable files, for -var-file)", path, VarFileSuffix)
 		}
 		sort.Strings(names)
 	} else {

@@ -319,6 +319,8 @@ func TestLoadDirectory(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "vars.hcl"), []byte("variable \"root\" {\n  default = \"/r\"\n}\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "files.hcl"), []byte("file \"a\" {\n  path = \"${var.root}/a\"\n}\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "README.md"), []byte("not a plan"), 0o644)
+	// A variable file beside the plan is read only with -var-file.
+	os.WriteFile(filepath.Join(dir, "kpro5.vars.hcl"), []byte("root = \"/kpro5\"\n"), 0o644)
 	p, diags := Load(dir, Options{Schemas: testSchemas})
 	if diags.HasErrors() {
 		t.Fatal(diags.Error())
@@ -328,6 +330,13 @@ func TestLoadDirectory(t *testing.T) {
 	}
 	if p.Dir != dir {
 		t.Errorf("Dir = %q, want %q", p.Dir, dir)
+	}
+	p, diags = Load(dir, Options{Schemas: testSchemas, VarFiles: []string{filepath.Join(dir, "kpro5.vars.hcl")}})
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	if got := p.Resource("file.a").Config.(*testFile).Path; got != "/kpro5/a" {
+		t.Errorf("path with -var-file = %q", got)
 	}
 }
 
