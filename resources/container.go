@@ -494,8 +494,9 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 			for _, ch := range replace {
 				what = append(what, fmt.Sprintf("%s %s → %s", ch.Attr, ch.Old, ch.New))
 			}
-			return nil, fmt.Errorf("instance %s needs a replace (%s): Incus cannot change an instance's image or type in place, and replace = \"refuse\". Set replace = \"allowed\" to delete and recreate it (its root filesystem and snapshots are lost; host directories of disk devices are kept)",
-				k.name, strings.Join(what, ", "))
+			// Terminal: retrying cannot help until the plan changes (agent run stops trying).
+			return nil, agent.Terminal(fmt.Errorf("instance %s needs a replace (%s): Incus cannot change an instance's image or type in place, and replace = \"refuse\". Set replace = \"allowed\" to delete and recreate it (its root filesystem and snapshots are lost; host directories of disk devices are kept)",
+				k.name, strings.Join(what, ", ")))
 		}
 		d.Action = agent.Replace
 		d.Changes = replace

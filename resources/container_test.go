@@ -300,7 +300,7 @@ func TestContainerReplace(t *testing.T) {
 
 	rep := h.engine(body(alias, "refuse")).Plan(ctx)
 	err := rep.Steps[0].Err
-	if err == nil || !strings.Contains(err.Error(), `replace = "allowed"`) || !strings.Contains(err.Error(), "image") {
+	if err == nil || !strings.Contains(err.Error(), `replace = "allowed"`) || !strings.Contains(err.Error(), "image") || !agent.IsTerminal(err) {
 		t.Fatalf("refused replace: got %v", err)
 	}
 	t.Logf("refused replace: %v", err)

@@ -23,9 +23,10 @@ import (
 
 // mark is a test kind: a file holding a value. It counts its applies.
 type markConfig struct {
-	Path  string `hcl:"path"`
-	Value string `hcl:"value"`
-	Fail  *bool  `hcl:"fail,optional"`
+	Path     string `hcl:"path"`
+	Value    string `hcl:"value"`
+	Fail     *bool  `hcl:"fail,optional"`
+	Terminal *bool  `hcl:"terminal,optional"` // fails with an error retrying cannot fix
 }
 
 type mark struct {
@@ -57,6 +58,9 @@ func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
 	m.applies.inc(m.cfg.Path)
 	if m.cfg.Fail != nil && *m.cfg.Fail {
 		return errors.New("broken on purpose")
+	}
+	if m.cfg.Terminal != nil && *m.cfg.Terminal {
+		return agent.Terminal(errors.New("the plan asks for the impossible"))
 	}
 	return os.WriteFile(m.cfg.Path, []byte(m.cfg.Value), 0o644)
 }
@@ -292,5 +296,41 @@ func TestInvalidFirstPlanFails(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "plan.hcl") {
 		t.Fatalf("Run = %v, want the plan error", err)
+	}
+}
+
+// A terminal error is not retried, however many passes run, until the plan changes.
+func TestLoopStopsRetryingTerminalErrorsUntilThePlanChanges(t *testing.T) {
+	t.Parallel()
+	const src = `
+variable "root" {}
+mark "t" {
+  path     = "${var.root}/t"
+  value    = "x"
+  terminal = true
+}
+`
+	h := start(t, src, 50*time.Millisecond)
+	path := filepath.Join(h.dir, "t")
+	passes := func() int {
+		_, m := h.get(t, "/metrics")
+		for _, line := range strings.Split(m, "\n") {
+			if v, ok := strings.CutPrefix(line, "agent_reconcile_passes_total "); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+		return 0
+	}
+	waitFor(t, "20 passes", func() bool { return passes() >= 20 })
+	if n := h.applies.get(path); n != 1 {
+		t.Errorf("a terminal error was retried: %d tries, want 1", n)
+	}
+	// The plan changes: the resource is tried again (once more: still terminal).
+	h.write(t, strings.Replace(src, `value    = "x"`, `value    = "y"`, 1))
+	waitFor(t, "a try after the plan changed", func() bool { return h.applies.get(path) == 2 })
+	time.Sleep(300 * time.Millisecond)
+	if n := h.applies.get(path); n != 2 {
+		t.Errorf("tries after the plan changed = %d, want 2", n)
 	}
 }
