@@ -3,6 +3,15 @@
 # stands in for the real server; small placeholder weights stand in for the checkpoint.
 # run.sh walks through plan → apply → a no-op plan → a changed flag → a verified relaunch.
 
+agent {
+  # agent run serves /metrics, /status and /healthz here; agent status asks it first.
+  metrics_listen = var.metrics_listen
+}
+
+variable "metrics_listen" {
+  default = "127.0.0.1:9464"
+}
+
 variable "root" {
   description = "Where the quickstart keeps its weights and logs."
   default     = "/tmp/agent-quickstart"

@@ -102,9 +102,9 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 		}
 	}()
 
-	cmd := exec.Command(agentBin, "run", "quickstart.hcl", "--state-dir", filepath.Join(root, "state"),
-		"--interval", "1s", "--listen", listen,
-		"-var", "root="+root, "-var", "fake_sglang="+fakeBin, "-var", "port="+strconv.Itoa(port))
+	vars := []string{"--state-dir", filepath.Join(root, "state"), "-var", "metrics_listen=" + listen,
+		"-var", "root=" + root, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port)}
+	cmd := exec.Command(agentBin, append([]string{"run", "quickstart.hcl", "--interval", "1s"}, vars...)...)
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
 	logf, _ := os.Create(filepath.Join(root, "agent.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -195,6 +195,12 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 		}
 		return len(missing) == 0
 	})
+
+	// agent status asks the running daemon (same state dir) instead of observing itself.
+	out, err := exec.Command(agentBin, append([]string{"status", "quickstart.hcl"}, vars...)...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "(from agent run at "+listen+")") || !strings.Contains(string(out), "server.qwen: running, ready, generation 2") {
+		t.Errorf("agent status while agent run runs: %v\n%s", err, out)
+	}
 
 	// SIGTERM stops the agent, never the server it manages.
 	cmd.Process.Signal(syscall.SIGTERM)
