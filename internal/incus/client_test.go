@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -706,5 +707,101 @@ func TestCreateInstanceTarget(t *testing.T) {
 	}
 	if _, ok := body["target"]; ok {
 		t.Errorf("target leaked into the body: %v", body)
+	}
+}
+
+// TestStateChangeAlreadyThere: a start that fails because the instance already runs (a
+// start left in flight by an agent killed mid-apply) is a success; a restart is not judged
+// by the status it ends in.
+func TestStateChangeAlreadyThere(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		call    func(*Client) error
+		status  int
+		wantErr bool
+	}{
+		{"start of a running instance", func(c *Client) error { return c.Start(testCtx(t), "c1") }, 103, false},
+		{"start that failed and left it stopped", func(c *Client) error { return c.Start(testCtx(t), "c1") }, 102, true},
+		{"stop of a stopped instance", func(c *Client) error { return c.Stop(testCtx(t), "c1", time.Second) }, 102, false},
+		{"restart that failed", func(c *Client) error { return c.Restart(testCtx(t), "c1", time.Second) }, 103, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFake(t)
+			f.mux.HandleFunc("PUT /1.0/instances/c1/state", func(w http.ResponseWriter, r *http.Request) {
+				writeError(w, 400, "The instance is already running")
+			})
+			f.mux.HandleFunc("GET /1.0/instances/c1/state", func(w http.ResponseWriter, r *http.Request) {
+				writeSync(w, map[string]any{"status_code": tt.status})
+			})
+			if err := tt.call(f.client); (err != nil) != tt.wantErr {
+				t.Errorf("err = %v, want error %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestInstanceStateRetriesServerErrors: Incus 6.0 answers a state read with a transient
+// 500 ("Invalid PID") while an instance stops; the read is retried, a 404 is not.
+func TestInstanceStateRetriesServerErrors(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	var calls atomic.Int32
+	f.mux.HandleFunc("GET /1.0/instances/c1/state", func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) < 3 {
+			writeError(w, 500, "Invalid PID '\ufffd'")
+			return
+		}
+		writeSync(w, map[string]any{"status": "Stopped", "status_code": 102})
+	})
+	st, err := f.client.InstanceState(testCtx(t), "c1")
+	if err != nil || st.StatusCode != 102 || calls.Load() != 3 {
+		t.Fatalf("state = %+v, %v after %d calls", st, err, calls.Load())
+	}
+	var gone atomic.Int32
+	f.mux.HandleFunc("GET /1.0/instances/c2/state", func(w http.ResponseWriter, r *http.Request) {
+		gone.Add(1)
+		writeError(w, 404, "Instance not found")
+	})
+	if _, err := f.client.InstanceState(testCtx(t), "c2"); !IsNotFound(err) || gone.Load() != 1 {
+		t.Errorf("404: %v after %d calls, want one call", err, gone.Load())
+	}
+}
+
+// TestBusyInstanceIsWaitedFor: a state change refused because the instance runs another
+// operation is retried until it is accepted (within the context).
+func TestBusyInstanceIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	var calls atomic.Int32
+	f.mux.HandleFunc("PUT /1.0/instances/c1/state", func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) < 3 {
+			writeError(w, 400, `Failed to create instance start operation: Instance is busy running a "create" operation`)
+			return
+		}
+		writeAsync(w, "st", nil)
+	})
+	f.finishOp("st", nil)
+	if err := f.client.Start(testCtx(t), "c1"); err != nil || calls.Load() != 3 {
+		t.Fatalf("Start = %v after %d calls", err, calls.Load())
+	}
+}
+
+// TestBusyOperationIsWaitedFor: Incus may accept the state change and fail the operation
+// because the instance is busy; the change is tried again once the other one ends.
+func TestBusyOperationIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	var calls atomic.Int32
+	f.mux.HandleFunc("PUT /1.0/instances/c1/state", func(w http.ResponseWriter, r *http.Request) {
+		writeAsync(w, fmt.Sprintf("st%d", calls.Add(1)), nil)
+	})
+	f.mux.HandleFunc("GET /1.0/operations/st1/wait", func(w http.ResponseWriter, r *http.Request) {
+		writeSync(w, opJSON("st1", 400, `Failed to create instance start operation: Instance is busy running a "create" operation`, nil))
+	})
+	f.finishOp("st2", nil)
+	if err := f.client.Start(testCtx(t), "c1"); err != nil || calls.Load() != 2 {
+		t.Fatalf("Start = %v after %d calls", err, calls.Load())
 	}
 }

@@ -187,13 +187,31 @@ func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 
 // InstanceState returns the live state of an instance: status, init PID,
 // network addresses.
+//
+// Incus answers this read with a transient 500 while an instance changes state (6.0:
+// "Invalid PID" during a stop), so a server error is retried a few times, briefly.
 func (c *Client) InstanceState(ctx context.Context, name string) (*InstanceState, error) {
-	var st InstanceState
-	if _, err := c.get(ctx, instancePath(name)+"/state", &st); err != nil {
-		return nil, err
+	var err error
+	for attempt := range stateReadAttempts {
+		var st InstanceState
+		if _, err = c.get(ctx, instancePath(name)+"/state", &st); err == nil {
+			return &st, nil
+		}
+		var e *Error
+		if !errors.As(err, &e) || e.Status < 500 || attempt == stateReadAttempts-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+		}
 	}
-	return &st, nil
+	return nil, err
 }
+
+// stateReadAttempts bounds the retries of a state read that failed with a server error.
+const stateReadAttempts = 5
 
 // stateChange is the body of PUT /1.0/instances/{name}/state.
 type stateChange struct {
@@ -245,8 +263,11 @@ func timeoutSeconds(d time.Duration) (int, error) {
 func (c *Client) changeState(ctx context.Context, name string, sc stateChange, want int) error {
 	r := request{method: http.MethodPut, path: instancePath(name) + "/state", body: sc}
 	_, err := c.run(ctx, r)
-	if errors.Is(err, ErrOperationGone) {
-		// The outcome was lost; the instance's status is the outcome.
+	// The outcome was lost, or the change failed because the instance is already where it
+	// was asked to go (a start that another agent, killed mid-apply, left in flight): for
+	// start and stop the instance's status is the outcome. Not for restart: a running
+	// instance says nothing about whether it restarted.
+	if err != nil && (errors.Is(err, ErrOperationGone) || sc.Action != "restart") {
 		if st, serr := c.InstanceState(ctx, name); serr == nil && st.StatusCode == want {
 			return nil
 		}

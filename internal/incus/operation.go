@@ -212,6 +212,23 @@ func operationID(u string) (string, error) {
 // before the wait could read it, the error wraps ErrOperationGone and the
 // operation returned is the one announced with the request.
 func (c *Client) run(ctx context.Context, req request) (*Operation, error) {
+	op, err := c.runOnce(ctx, req)
+	// An instance busy with another operation (a create or start that an agent killed
+	// mid-apply left running inside incusd) refuses new ones until it finishes, either at
+	// once or through the failed operation: wait for it, within ctx, rather than fail an
+	// apply that would succeed a moment later.
+	for wait := 100 * time.Millisecond; err != nil && isBusy(err); wait = min(2*wait, 2*time.Second) {
+		select {
+		case <-ctx.Done():
+			return op, err
+		case <-time.After(wait):
+		}
+		op, err = c.runOnce(ctx, req)
+	}
+	return op, err
+}
+
+func (c *Client) runOnce(ctx context.Context, req request) (*Operation, error) {
 	r, _, err := c.do(ctx, req)
 	if err != nil {
 		return nil, err
@@ -235,4 +252,13 @@ func (c *Client) run(ctx context.Context, req request) (*Operation, error) {
 		return announced, err
 	}
 	return op, err
+}
+
+// isBusy reports an Incus refusal because the instance runs another operation
+// ("Instance is busy running a \"create\" operation").
+func isBusy(err error) bool {
+	const busy = "is busy running a"
+	var e *Error
+	var oe *OperationError
+	return (errors.As(err, &e) && strings.Contains(e.Message, busy)) || (errors.As(err, &oe) && strings.Contains(oe.Err, busy))
 }
