@@ -751,6 +751,9 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		}
 		fallthrough
 	case det.create:
+		if err := k.saveIntent(env); err != nil {
+			return err
+		}
 		if err := c.CreateInstance(ctx, k.post(det.fingerprint)); err != nil {
 			return err
 		}
@@ -771,6 +774,9 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		}
 	}
 	if det.put {
+		if err := k.saveIntent(env); err != nil {
+			return err
+		}
 		if err := k.put(ctx, c, det); err != nil {
 			return err
 		}
@@ -874,6 +880,35 @@ func (k *Container) save(env *agent.Env, det *containerDetail) error {
 	rec.Config = containerKeys(k.config)
 	rec.Devices = containerKeys(k.devices)
 	return env.State.Save(rec)
+}
+
+// saveIntent records, before a create or a PUT, every key and device the agent is about to
+// manage on top of those it already did. A kill between the change and save would
+// otherwise leave keys on the instance that no record claims (and the next plan would
+// leave them alone as somebody else's); with the intent saved first, the next plan
+// removes what the plan no longer names.
+func (k *Container) saveIntent(env *agent.Env) error {
+	if env == nil || env.State == nil {
+		return nil
+	}
+	var rec containerRecord
+	if _, err := env.State.Load(&rec); err != nil {
+		return err
+	}
+	rec.Config = union(rec.Config, containerKeys(k.config))
+	rec.Devices = union(rec.Devices, containerKeys(k.devices))
+	return env.State.Save(rec)
+}
+
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, x := range b {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // start starts the instance; a failure names the host's GPUs when the plan asks for some.
