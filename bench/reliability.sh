@@ -20,7 +20,7 @@ status=0
 
 # Crash anywhere.
 t0=$(date +%s)
-if CHAOS_KILLS=$kills go test ./test/chaos -run TestChaos -count=1 -v -timeout 30m >"$log" 2>&1; then
+if CHAOS_KILLS=$kills go test ./test/chaos -run '^TestChaos$' -count=1 -v -timeout 30m >"$log" 2>&1; then
 	line=$(grep -o 'CHAOS kills=.*' "$log" | tail -n1)
 	survived=$(sed -n 's/.*kills=\([0-9]*\).*/\1/p' <<<"$line")
 	seed=$(sed -n 's/.*seed=\([0-9-]*\).*/\1/p' <<<"$line")
@@ -30,6 +30,23 @@ if CHAOS_KILLS=$kills go test ./test/chaos -run TestChaos -count=1 -v -timeout 3
 		"$survived" "$kills" "$seed" "$launches" "$resumes" $(( $(date +%s) - t0 ))
 else
 	printf 'kills survived:          FAILED (%s)\n' "$(grep -m1 -o 'chaos seed .*' "$log" || tail -n3 "$log")"
+	status=1
+fi
+
+# Crash anywhere, the container plan on a private incusd (skipped without incusd).
+t0=$(date +%s)
+if CHAOS_KILLS=$kills go test ./test/chaos -run '^TestChaosContainer$' -count=1 -v -timeout 30m >"$log" 2>&1; then
+	line=$(grep -o 'CHAOS_CONTAINER kills=.*' "$log" | tail -n1)
+	if [ -z "$line" ]; then
+		printf 'container kills survived: skipped (%s)\n' "$(grep -m1 -o 'incustest: .*' "$log" || echo 'no incusd')"
+	else
+		printf 'container kills survived: %s of %s (seed %s; %s in creations, %s in updates, %s in restarts; %ss)\n' \
+			"$(sed -n 's/.*kills=\([0-9]*\).*/\1/p' <<<"$line")" "$kills" "$(sed -n 's/.*seed=\([0-9-]*\).*/\1/p' <<<"$line")" \
+			"$(sed -n 's/.*creates=\([0-9]*\).*/\1/p' <<<"$line")" "$(sed -n 's/.*updates=\([0-9]*\).*/\1/p' <<<"$line")" \
+			"$(sed -n 's/.*restarts=\([0-9]*\).*/\1/p' <<<"$line")" $(( $(date +%s) - t0 ))
+	fi
+else
+	printf 'container kills survived: FAILED (%s)\n' "$(grep -m1 -o 'chaos container seed .*' "$log" || tail -n3 "$log")"
 	status=1
 fi
 

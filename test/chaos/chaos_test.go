@@ -193,22 +193,7 @@ func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: not in -short")
 	}
-	kills := 50
-	if v := os.Getenv("CHAOS_KILLS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("CHAOS_KILLS=%q: want a positive number", v)
-		}
-		kills = n
-	}
-	seed := time.Now().UnixNano()
-	if v := os.Getenv("CHAOS_SEED"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED=%q: %v", v, err)
-		}
-		seed = n
-	}
+	kills, seed := chaosParams(t)
 	t.Logf("chaos: seed %d (CHAOS_SEED=%d replays it), %d kills", seed, seed, kills)
 	rng := rand.New(rand.NewSource(seed))
 	step := "setup"
@@ -222,13 +207,7 @@ func TestChaos(t *testing.T) {
 	work := t.TempDir()
 	bin := filepath.Join(work, "bin")
 	agentBin, fakeBin := filepath.Join(bin, "agent"), filepath.Join(bin, "fake-sglang")
-	for _, b := range [][2]string{{agentBin, "."}, {fakeBin, "./internal/fakesglang"}} {
-		cmd := exec.Command("go", "build", "-o", b[0], b[1])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b[1], err, out)
-		}
-	}
+	buildBinaries(t, root, [2]string{agentBin, "."}, [2]string{fakeBin, "./internal/fakesglang"})
 
 	// The plan: the quickstart as it is, plus the chaos download.
 	planDir := filepath.Join(work, "plan")
@@ -350,29 +329,13 @@ func TestChaos(t *testing.T) {
 	// wait reaps cmd, killing it (by PID, the agent alone) after limit; it returns the
 	// exit code and whether the kill came first.
 	wait := func(cmd *exec.Cmd, out *bytes.Buffer, limit time.Duration) (rc int, killed bool) {
-		res := make(chan error, 1)
-		go func() { res <- cmd.Wait() }()
-		var err error
-		select {
-		case err = <-res:
-		case <-time.After(limit):
-			cmd.Process.Signal(syscall.SIGKILL) // a no-op once Wait has reaped it
-			err, killed = <-res, true
-		}
+		rc, killed, err := reap(cmd, limit)
 		running = nil
 		transcript.Write(out.Bytes())
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			rc = ee.ExitCode()
-			if st, ok := ee.Sys().(syscall.WaitStatus); ok && st.Signaled() && st.Signal() == syscall.SIGKILL {
-				return -1, killed
-			}
-			return rc, false
-		case err != nil:
+		if err != nil {
 			fail("agent: %v", err)
 		}
-		return 0, false
+		return rc, killed
 	}
 
 	logDir := filepath.Join(host, "logs")
@@ -384,23 +347,7 @@ func TestChaos(t *testing.T) {
 	// checkHost is what must hold after every kill.
 	checkHost := func() {
 		t.Helper()
-		err := filepath.WalkDir(state, func(p string, d fs.DirEntry, err error) error {
-			if errors.Is(err, fs.ErrNotExist) && p == state {
-				return nil // killed before it made the state dir
-			}
-			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".json") || strings.HasPrefix(d.Name(), ".") {
-				return err
-			}
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			if !json.Valid(b) {
-				return fmt.Errorf("state file %s is half-written: %q", p, b)
-			}
-			return nil
-		})
-		if err != nil {
+		if err := stateWhole(state); err != nil {
 			fail("%v", err)
 		}
 		for p, want := range declared {
@@ -568,6 +515,87 @@ func countStarts(p string) int {
 		}
 	}
 	return n
+}
+
+// chaosParams reads CHAOS_KILLS (default 50) and CHAOS_SEED (default: the clock).
+func chaosParams(t *testing.T) (kills int, seed int64) {
+	t.Helper()
+	kills = 50
+	if v := os.Getenv("CHAOS_KILLS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("CHAOS_KILLS=%q: want a positive number", v)
+		}
+		kills = n
+	}
+	seed = time.Now().UnixNano()
+	if v := os.Getenv("CHAOS_SEED"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("CHAOS_SEED=%q: %v", v, err)
+		}
+		seed = n
+	}
+	return kills, seed
+}
+
+// buildBinaries builds each {output, package} from the repository root.
+func buildBinaries(t *testing.T, root string, bins ...[2]string) {
+	t.Helper()
+	for _, b := range bins {
+		cmd := exec.Command("go", "build", "-o", b[0], b[1])
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b[1], err, out)
+		}
+	}
+}
+
+// reap waits for cmd, SIGKILLing it (by PID, the agent alone) after limit. It returns
+// the exit code (-1 when a SIGKILL ended it) and whether the kill came first; err is a
+// failure to wait, not an exit status.
+func reap(cmd *exec.Cmd, limit time.Duration) (rc int, killed bool, err error) {
+	res := make(chan error, 1)
+	go func() { res <- cmd.Wait() }()
+	select {
+	case err = <-res:
+	case <-time.After(limit):
+		cmd.Process.Signal(syscall.SIGKILL) // a no-op once Wait has reaped it
+		err, killed = <-res, true
+	}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		if st, ok := ee.Sys().(syscall.WaitStatus); ok && st.Signaled() && st.Signal() == syscall.SIGKILL {
+			return -1, killed, nil
+		}
+		return ee.ExitCode(), false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	return 0, false, nil
+}
+
+// stateWhole returns an error naming the first state file (*.json under dir) that does
+// not parse: state is never half-written. A missing dir is fine (killed before it was
+// made).
+func stateWhole(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == dir {
+			return nil
+		}
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".json") || strings.HasPrefix(d.Name(), ".") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if !json.Valid(b) {
+			return fmt.Errorf("state file %s is half-written: %q", p, b)
+		}
+		return nil
+	})
 }
 
 func must(t *testing.T, err error) {
