@@ -284,9 +284,6 @@ func TestResumeAfterCancel(t *testing.T) {
 // TestResumeAfterKill kills a fetching process with SIGKILL after it wrote a few checkpoints,
 // then resumes in this process: at most one checkpoint's worth of bytes is fetched again.
 func TestResumeAfterKill(t *testing.T) {
-	if os.Getenv("FETCH_HELPER_URL") != "" {
-		t.Skip("helper process")
-	}
 	t.Parallel()
 	s := serve(t)
 	dest := t.TempDir()
@@ -301,7 +298,7 @@ func TestResumeAfterKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec(t, exe, "-test.run=^TestHelperFetch$", "FETCH_HELPER_URL="+f.URL, "FETCH_HELPER_SHA="+f.SHA256, "FETCH_HELPER_DEST="+dest)
+	cmd := exec(t, exe, "-test.run=^$", "FETCH_HELPER_URL="+f.URL, "FETCH_HELPER_SHA="+f.SHA256, "FETCH_HELPER_DEST="+dest)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -357,17 +354,18 @@ func TestResumeAfterKill(t *testing.T) {
 	}
 }
 
-// TestHelperFetch is the process TestResumeAfterKill kills.
-func TestHelperFetch(t *testing.T) {
-	u := os.Getenv("FETCH_HELPER_URL")
-	if u == "" {
-		t.Skip("run by TestResumeAfterKill")
+// TestMain lets the test binary be the fetching process TestResumeAfterKill kills: with
+// FETCH_HELPER_URL set it fetches, never runs a test, and waits to be killed.
+func TestMain(m *testing.M) {
+	if u := os.Getenv("FETCH_HELPER_URL"); u != "" {
+		opts := testOptions(os.Getenv("FETCH_HELPER_DEST"))
+		opts.StallTimeout = time.Hour
+		f := fetch.File{Name: "model.bin", URL: u, Size: 1 << 20, SHA256: os.Getenv("FETCH_HELPER_SHA")}
+		fetch.Fetch(context.Background(), []fetch.File{f}, opts)
+		fmt.Fprintln(os.Stderr, "helper was not killed")
+		os.Exit(3)
 	}
-	opts := testOptions(os.Getenv("FETCH_HELPER_DEST"))
-	opts.StallTimeout = time.Hour
-	f := fetch.File{Name: "model.bin", URL: u, Size: 1 << 20, SHA256: os.Getenv("FETCH_HELPER_SHA")}
-	fetch.Fetch(t.Context(), []fetch.File{f}, opts)
-	t.Fatal("helper was not killed")
+	os.Exit(m.Run())
 }
 
 func TestAuthorizationNotSentToRedirectTarget(t *testing.T) {
