@@ -258,7 +258,8 @@ func TestExportServerInContainer(t *testing.T) {
 	if !strings.Contains(text, "container = container.sglang.name") {
 		t.Errorf("no container reference:\n%s", text)
 	}
-	if strings.Contains(text, "# server \"sglang_30000\"") && !strings.Contains(text, "Servers in containers are not yet supported") {
-		t.Errorf("commented out without the reason:\n%s", text)
+	// Servers inside containers are supported: the block is written live, not commented out.
+	if strings.Contains(text, "# server \"sglang_30000\"") || !strings.Contains(text, "server \"sglang_30000\"") {
+		t.Errorf("the server in the container is not exported as a live block:\n%s", text)
 	}
 }
