@@ -73,6 +73,8 @@ variable "penalty" {
   default = 1.5
 }
 variable "takeover" { default = false }
+variable "ready_timeout" { default = "15s" }
+variable "grace" { default = "5m" }
 
 server "qwen" {
   command = [var.fake]
@@ -90,11 +92,12 @@ server "qwen" {
   ready {
     http     = "/health"
     log_line = "The server is fired up and ready to roll!"
-    timeout  = "15s"
+    timeout  = var.ready_timeout
   }
   stop {
     timeout = "1s"
   }
+  unhealthy_grace = var.grace
   smoke_test {
     prompt         = "What is 2+2? Answer with one number."
     sampling       = { temperature = 0.7, top_p = 0.8, presence_penalty = var.penalty }
@@ -463,5 +466,45 @@ server "a" {
 		if !strings.Contains(msg, want) {
 			t.Errorf("diagnostics lack %q: %s", want, msg)
 		}
+	}
+}
+
+// Point 1: a live server whose identity matches but that fails readiness is left alone
+// within unhealthy_grace (a warning), and relaunched, verified, once it has been unready
+// for longer. A frozen process (SIGSTOP) stands in for a hung server.
+func TestServerUnhealthyPastGraceIsRelaunched(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	vars := []string{"ready_timeout=3s", "grace=1s"}
+	mustOK(t, h.apply(vars...))
+	first := h.record()
+	if err := syscall.Kill(first.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	st := h.plan(vars...)
+	if st.Err != nil || st.Diff.Action != agent.NoOp || !strings.Contains(strings.Join(st.Diff.Warnings, "\n"), "not ready") {
+		t.Fatalf("within the grace: %v %+v", st.Err, st.Diff)
+	}
+	if !alive(first.id()) {
+		t.Fatal("a server within its grace was touched")
+	}
+	// Past the ready timeout after launch and the grace after it was first seen unready.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st = h.plan(vars...)
+		if st.Err == nil && st.Diff.Action == agent.Restart {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never relaunched past the grace: %v %+v", st.Err, st.Diff)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if n := st.Diff.Changes[len(st.Diff.Changes)-1].Note; !strings.Contains(n, "unhealthy_grace") {
+		t.Errorf("restart note = %q, want it to name unhealthy_grace", n)
+	}
+	mustOK(t, h.apply(vars...))
+	if r := h.record(); r.Generation != 2 || alive(first.id()) || !alive(r.id()) {
+		t.Errorf("after the relaunch: record %+v, old alive %v", r, alive(first.id()))
 	}
 }
