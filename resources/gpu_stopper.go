@@ -29,10 +29,6 @@ type serverStopper struct {
 
 var _ GPUServerStopper = serverStopper{}
 
-// gpuStopTimeout is the SIGTERM grace before SIGKILL; a server's own stop.timeout is not
-// in its record, and the default of the server kind is the safe bound.
-const gpuStopTimeout = DefaultStopTimeout
-
 func (s serverStopper) StopGPUServers(ctx context.Context, stateDir string, gpuPIDs []int, reason string) error {
 	files, err := filepath.Glob(filepath.Join(stateDir, "resources", "server.*.json"))
 	if err != nil {
@@ -61,7 +57,16 @@ func (s serverStopper) StopGPUServers(ctx context.Context, stateDir string, gpuP
 			port = 0
 		}
 		lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: s.proc}, GPU: s.gpu}
-		if _, err := lc.Stop(ctx, rec.target(), syscall.SIGTERM, gpuStopTimeout, port); err != nil {
+		// The server's own stop block, as recorded at launch (the kind's defaults for a
+		// record written before the agent recorded it).
+		sig, timeout := syscall.Signal(rec.StopSignal), rec.StopTimeout
+		if sig == 0 {
+			sig = syscall.SIGTERM
+		}
+		if timeout <= 0 {
+			timeout = DefaultStopTimeout
+		}
+		if _, err := lc.Stop(ctx, rec.target(), sig, timeout, port); err != nil {
 			errs = append(errs, fmt.Errorf("%s: stop %s (pid %d): %w", reason, addr, rec.PID, err))
 		}
 		// The record stays: the server resource sees its process gone and relaunches it on

@@ -50,7 +50,9 @@ func TestServerStopperStopsOnlyRecordedServers(t *testing.T) {
 	os.MkdirAll(filepath.Join(dir, "resources"), 0o700)
 	_, ours := startGroup(t)
 	_, foreign := startGroup(t)
-	rec := serverRecord{Generation: 3, PID: ours.PID, StartTicks: ours.StartTicks, PGID: ours.PGRP, SID: ours.Session, Place: "host"}
+	// Its recorded stop block: SIGINT (which sleep obeys) within 5 s.
+	rec := serverRecord{Generation: 3, PID: ours.PID, StartTicks: ours.StartTicks, PGID: ours.PGRP, SID: ours.Session, Place: "host",
+		StopSignal: int(syscall.SIGINT), StopTimeout: 5 * time.Second}
 	data, _ := json.Marshal(rec)
 	os.WriteFile(filepath.Join(dir, "resources", "server.qwen.json"), data, 0o600)
 

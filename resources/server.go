@@ -491,6 +491,11 @@ type serverRecord struct {
 	Workdir string            `json:"workdir"`
 	User    string            `json:"user,omitempty"`
 	Port    int               `json:"port,omitempty"`
+
+	// How it is stopped, for stops that do not go through the plan (before a driver
+	// change): the stop block at launch.
+	StopSignal  int           `json:"stop_signal,omitempty"`
+	StopTimeout time.Duration `json:"stop_timeout,omitempty"`
 }
 
 func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }
@@ -504,6 +509,7 @@ func (s *Server) record() serverRecord {
 	r := serverRecord{
 		Place: s.place, Argv: s.argv(), Command: slices.Clone(s.command), Flags: s.flagDisplay(),
 		Args: slices.Clone(s.args), Env: maps.Clone(s.env), Workdir: s.workdir, User: s.user, Port: s.port,
+		StopSignal: int(s.stopSignal), StopTimeout: s.stopTimeout,
 	}
 	// Secrets never reach the state file: values derived from a sensitive variable are
 	// recorded as digests, which identityChanges compares just as well.
