@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -93,17 +95,50 @@ func TestProcFSCancelledContext(t *testing.T) {
 
 // An unreadable version file is "no permission", a state, not an error.
 func TestProcFSNoPermission(t *testing.T) {
-	t.Parallel()
-	if os.Geteuid() == 0 {
-		t.Skip("root reads files whatever their mode")
+	if root := os.Getenv("GPU_TEST_NOPERM_ROOT"); root != "" {
+		// The unprivileged child started below: the version file is unreadable to it.
+		got, err := ProcFS{Root: root}.Observe(context.Background())
+		if err != nil || got.State != StateNoPermission {
+			t.Errorf("Observe = %v (%s), %v; want no-permission, nil", got.State, got.StateDetail, err)
+		}
+		return
 	}
+	t.Parallel()
 	root := rootFS(t, "a6000x2")
 	if err := os.Chmod(filepath.Join(root, "proc/driver/nvidia/version"), 0); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ProcFS{Root: root}.Observe(context.Background())
-	if err != nil || got.State != StateNoPermission {
-		t.Errorf("Observe = %v (%s), %v; want no-permission, nil", got.State, got.StateDetail, err)
+	if os.Geteuid() != 0 {
+		got, err := ProcFS{Root: root}.Observe(context.Background())
+		if err != nil || got.State != StateNoPermission {
+			t.Errorf("Observe = %v (%s), %v; want no-permission, nil", got.State, got.StateDetail, err)
+		}
+		return
+	}
+	// Root reads files whatever their mode, and the agent runs as root: the state is
+	// proven in a copy of this test binary run as nobody, which CI (root) can do.
+	for d := root; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755) // the test's own temp directories, so nobody can reach the tree
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(root, "gpu.test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestProcFSNoPermission$", "-test.v")
+	cmd.Env = append(os.Environ(), "GPU_TEST_NOPERM_ROOT="+root)
+	cmd.Dir = root
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestProcFSNoPermission") {
+		t.Errorf("as nobody: %v\n%s", err, out)
 	}
 }
 
