@@ -1119,18 +1119,12 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		field("readiness", "not ready: "+ready)
 		problems = append(problems, "not ready")
 	}
-	metricFields(field, m)
-	for key, v := range map[string]*float64{"accept_length": m.AcceptLen, "accept_rate": m.AcceptRate,
-		"gen_throughput_tokens_per_second": m.GenThroughput, "token_usage": m.TokenUsage, "mamba_usage": m.MambaUsage} {
-		if v != nil {
-			st.Metrics[key] = *v
-		}
-	}
+	logFields(field, m, st.Metrics)
 	if s.enableMetrics && s.port > 0 {
 		if pm, err := lc.Metrics(ctx, s.port); err != nil {
 			field("/metrics", "unavailable: "+err.Error())
 		} else {
-			promFields(field, pm)
+			servingFields(field, "/metrics ", pm, nil)
 		}
 	}
 	if s.smoke != nil && ready == "" {
@@ -1157,17 +1151,42 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	return st, nil
 }
 
-func metricFields(field func(string, string), m sglang.Metrics) {
-	f2 := func(name string, v *float64, format string) {
-		if v != nil {
-			field(name, fmt.Sprintf(format, *v))
+// servingMetrics are the serving figures status shows: one table for the status lines
+// (from this generation's log, and again from /metrics when it is on) and for the numbers
+// agent run exports (agent_server_<key>).
+var servingMetrics = []struct {
+	label, key, format string
+	get                func(*sglang.Metrics) *float64
+}{
+	{"accept len", "accept_length", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptLen }},
+	{"accept rate", "accept_rate", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptRate }},
+	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *sglang.Metrics) *float64 { return m.GenThroughput }},
+	{"token usage", "token_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.TokenUsage }},
+	{"mamba usage", "mamba_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.MambaUsage }},
+	// Counters only /metrics has.
+	{"prompt tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.PromptTokens }},
+	{"generation tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.GenerationTokens }},
+	{"requests", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.Requests }},
+}
+
+// servingFields adds a status line per figure m has, labels prefixed with prefix, and the
+// figures with a key to metrics when metrics is not nil.
+func servingFields(field func(string, string), prefix string, m sglang.Metrics, metrics map[string]float64) {
+	for _, sm := range servingMetrics {
+		v := sm.get(&m)
+		if v == nil {
+			continue
+		}
+		field(prefix+sm.label, fmt.Sprintf(sm.format, *v))
+		if metrics != nil && sm.key != "" {
+			metrics[sm.key] = *v
 		}
 	}
-	f2("accept len", m.AcceptLen, "%.2f")
-	f2("accept rate", m.AcceptRate, "%.2f")
-	f2("gen throughput", m.GenThroughput, "%.2f token/s")
-	f2("token usage", m.TokenUsage, "%.2f")
-	f2("mamba usage", m.MambaUsage, "%.2f")
+}
+
+// logFields adds the log's serving figures, its queue and the time of its newest batch line.
+func logFields(field func(string, string), m sglang.Metrics, metrics map[string]float64) {
+	servingFields(field, "", m, metrics)
 	if m.RunningReqs != nil {
 		q := 0
 		if m.QueueReqs != nil {
@@ -1178,20 +1197,6 @@ func metricFields(field func(string, string), m sglang.Metrics) {
 	if !m.LastEvent.IsZero() {
 		field("newest batch line", m.LastEvent.Format("2006-01-02 15:04:05"))
 	}
-}
-
-func promFields(field func(string, string), m sglang.Metrics) {
-	f := func(name string, v *float64, format string) {
-		if v != nil {
-			field(name, fmt.Sprintf(format, *v))
-		}
-	}
-	f("/metrics accept len", m.AcceptLen, "%.2f")
-	f("/metrics gen throughput", m.GenThroughput, "%.2f token/s")
-	f("/metrics token usage", m.TokenUsage, "%.2f")
-	f("/metrics prompt tokens", m.PromptTokens, "%.0f")
-	f("/metrics generation tokens", m.GenerationTokens, "%.0f")
-	f("/metrics requests", m.Requests, "%.0f")
 }
 
 func age(d time.Duration) string {
