@@ -24,6 +24,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -656,20 +657,6 @@ func TestNextLink(t *testing.T) {
 	}
 }
 
-// buildAgent builds the agent binary once for the tests that run it as a real process.
-var buildAgent = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "agent-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "agent")
-	cmd := exec.Command("go", "build", "-o", bin, "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
 // TestDownloadSurvivesSIGKILL kills a real `agent apply` (SIGKILL) in the middle of a
 // download, checks that `agent status` in another process saw its progress, restarts it, and
 // checks the file completes, is correct, and that the bytes fetched again are under one
@@ -679,10 +666,7 @@ func TestDownloadSurvivesSIGKILL(t *testing.T) {
 		t.Skip("builds the agent binary")
 	}
 	t.Parallel()
-	bin, err := buildAgent()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := testbin.Agent(t)
 	dir := t.TempDir()
 	s := fetchtest.NewServer()
 	t.Cleanup(s.Close)

@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,36 +18,13 @@ import (
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
 )
 
 // The fake SGLang server built statically, to run in the busybox container.
-var staticFakeBuild struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-func staticFakeSGLang(t *testing.T) string {
-	t.Helper()
-	staticFakeBuild.once.Do(func() {
-		dir, err := os.MkdirTemp("", "agent-server-ctr-test")
-		if err != nil {
-			staticFakeBuild.err = err
-			return
-		}
-		staticFakeBuild.path = filepath.Join(dir, "fake-sglang")
-		cmd := exec.Command("go", "build", "-o", staticFakeBuild.path, "github.com/agent-dev/agent/internal/fakesglang")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			staticFakeBuild.err = fmt.Errorf("build fake-sglang: %v\n%s", err, out)
-		}
-	})
-	if staticFakeBuild.err != nil {
-		t.Fatal(staticFakeBuild.err)
-	}
-	return staticFakeBuild.path
-}
+// staticFakeSGLang is the fake SGLang server, static so it runs inside busybox.
+func staticFakeSGLang(t *testing.T) string { return testbin.FakeSGLang(t) }
 
 // ctrSrvContainer is the container block: busybox with a proxy device from a loopback
 // port of the host to the server's port inside.

@@ -3,13 +3,11 @@ package resources
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,46 +15,16 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
 )
 
 // The fake SGLang server, built once per test binary (into a temporary directory left
 // for the OS to clean: this package's TestMain belongs to the container tests).
-var fakeBuild struct {
-	once sync.Once
-	path string
-	err  error
-}
+// fakeSGLang is the fake SGLang server (internal/testbin builds it once).
+func fakeSGLang(t *testing.T) string { return testbin.FakeSGLang(t) }
 
-func fakeSGLang(t *testing.T) string {
-	t.Helper()
-	fakeBuild.once.Do(func() {
-		dir, err := os.MkdirTemp("", "agent-server-test")
-		if err != nil {
-			fakeBuild.err = err
-			return
-		}
-		fakeBuild.path = filepath.Join(dir, "fake-sglang")
-		out, err := exec.Command("go", "build", "-o", fakeBuild.path, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput()
-		if err != nil {
-			fakeBuild.err = fmt.Errorf("build fake-sglang: %v\n%s", err, out)
-		}
-	})
-	if fakeBuild.err != nil {
-		t.Fatal(fakeBuild.err)
-	}
-	return fakeBuild.path
-}
-
-func srvFreePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func srvFreePort(t *testing.T) int { return testbin.FreePort(t) }
 
 // srvPlan is a server on the fake; variables change one thing at a time.
 const srvPlan = `

@@ -14,29 +14,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
-// build compiles the agent and the fake SGLang into dir.
-func build(t *testing.T, dir string) (agentBin, fakeBin string) {
-	t.Helper()
-	agentBin, fakeBin = filepath.Join(dir, "agent"), filepath.Join(dir, "fake-sglang")
-	for bin, pkg := range map[string]string{agentBin: "../..", fakeBin: "../../internal/fakesglang"} {
-		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	return agentBin, fakeBin
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testbin.FreePort(t) }
 
 type serverRecord struct {
 	PID        int    `json:"pid"`
@@ -79,8 +61,7 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 // that the loop relaunches it (verified, generation 2) within about one interval; then
 // stops the agent with SIGTERM and checks the server is untouched.
 func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
-	bin := t.TempDir()
-	agentBin, fakeBin := build(t, bin)
+	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 	root := t.TempDir()
 	port, listen := freePort(t), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 

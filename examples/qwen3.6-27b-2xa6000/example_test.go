@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/cli"
 	"github.com/agent-dev/agent/internal/incus/incustest"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 func agent(t *testing.T, want int, args ...string) string {
@@ -108,10 +108,7 @@ func TestFakesApply(t *testing.T) {
 	}
 	t.Setenv("AGENT_HOST_ROOT", root)
 
-	fake := filepath.Join(work, "fake-sglang")
-	if out, err := exec.Command("go", "build", "-o", fake, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput(); err != nil {
-		t.Fatalf("build fake-sglang: %v\n%s", err, out)
-	}
+	fake := testbin.FakeSGLang(t)
 	weights := map[string][]byte{
 		"config.json":                      []byte(`{"architectures": ["Qwen3_5ForConditionalGeneration"]}` + "\n"),
 		"model-00001-of-00002.safetensors": bytes.Repeat([]byte("bf16"), 4096),

@@ -4,11 +4,12 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 func TestMain(m *testing.M) {
@@ -23,10 +24,7 @@ func TestMain(m *testing.M) {
 func TestScripts(t *testing.T) {
 	t.Parallel()
 	// The server scripts run the fake SGLang server (internal/fakesglang) as $FAKE_SGLANG_BIN.
-	fake := filepath.Join(t.TempDir(), "fake-sglang")
-	if out, err := exec.Command("go", "build", "-o", fake, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput(); err != nil {
-		t.Fatalf("build fake-sglang: %v\n%s", err, out)
-	}
+	fake := testbin.FakeSGLang(t)
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,

@@ -18,6 +18,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 var incusd = incustest.NewShared()
@@ -37,12 +38,7 @@ func agent(t *testing.T, want int, args ...string) string {
 // file, and kills it when the test ends (this test started it).
 func startFake(t *testing.T, dir string, port int, args ...string) *exec.Cmd {
 	t.Helper()
-	fake := filepath.Join(dir, "fake-sglang")
-	if _, err := os.Stat(fake); err != nil {
-		if out, err := exec.Command("go", "build", "-o", fake, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput(); err != nil {
-			t.Fatalf("build fake-sglang: %v\n%s", err, out)
-		}
-	}
+	fake := testbin.FakeSGLang(t)
 	log, err := os.Create(filepath.Join(dir, fmt.Sprintf("server-%d.log", port)))
 	if err != nil {
 		t.Fatal(err)

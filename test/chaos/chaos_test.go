@@ -46,6 +46,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 const (
@@ -205,9 +207,7 @@ func TestChaos(t *testing.T) {
 
 	root := repoRoot(t)
 	work := t.TempDir()
-	bin := filepath.Join(work, "bin")
-	agentBin, fakeBin := filepath.Join(bin, "agent"), filepath.Join(bin, "fake-sglang")
-	buildBinaries(t, root, [2]string{agentBin, "."}, [2]string{fakeBin, "./internal/fakesglang"})
+	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 
 	// The plan: the quickstart as it is, plus the chaos download.
 	planDir := filepath.Join(work, "plan")
@@ -537,18 +537,6 @@ func chaosParams(t *testing.T) (kills int, seed int64) {
 		seed = n
 	}
 	return kills, seed
-}
-
-// buildBinaries builds each {output, package} from the repository root.
-func buildBinaries(t *testing.T, root string, bins ...[2]string) {
-	t.Helper()
-	for _, b := range bins {
-		cmd := exec.Command("go", "build", "-o", b[0], b[1])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b[1], err, out)
-		}
-	}
 }
 
 // reap waits for cmd, SIGKILLing it (by PID, the agent alone) after limit. It returns

@@ -46,6 +46,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // incusd is the private Incus daemon of this test binary (only TestChaosContainer uses it).
@@ -76,10 +77,8 @@ func TestChaosContainer(t *testing.T) {
 			seed, step, fmt.Sprintf(format, args...), d.LogTail(15), seed, kills)
 	}
 
-	root := repoRoot(t)
 	work := t.TempDir()
-	agentBin := filepath.Join(work, "bin", "agent")
-	buildBinaries(t, root, [2]string{agentBin, "."})
+	agentBin := testbin.Agent(t)
 
 	planSrc, err := os.ReadFile("testdata/container.hcl")
 	must(t, err)

@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 const (
@@ -41,16 +43,8 @@ func TestPlantedSecretsAppearNowhere(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the agent")
 	}
-	root := repoRoot(t)
 	work := t.TempDir()
-	agentBin, fakeBin := filepath.Join(work, "agent"), filepath.Join(work, "fake-sglang")
-	for _, b := range [][2]string{{agentBin, "."}, {fakeBin, "./internal/fakesglang"}} {
-		cmd := exec.Command("go", "build", "-o", b[0], b[1])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b[1], err, out)
-		}
-	}
+	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 
 	// A Hub with one file, that answers 401 without the token.
 	content := []byte(`{"model_type":"qwen3_next"}` + "\n")
