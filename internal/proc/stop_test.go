@@ -250,28 +250,60 @@ func TestStopReportsSurvivors(t *testing.T) {
 
 func TestStopRefuses(t *testing.T) {
 	t.Parallel()
-	self, err := FS{}.Stat(os.Getpid())
-	if err != nil {
+	someone := Identity{PID: 999999, StartTicks: 1}
+	// A fake tree in which this process (its self link is real) sits in
+	// group 7001 of session 7000, its parent leads group 7002, and its
+	// grandparent is in session 6000: the refusals must follow the ancestry
+	// whatever session the test runner happens to have.
+	me := os.Getpid()
+	const parent, grandparent = 4190001, 4190002
+	ancestry := writeTree(t, []fakeProc{
+		{pid: 1, ppid: 0, pgrp: 1, sid: 1, comm: "init", start: 1},
+		{pid: grandparent, ppid: 1, pgrp: 6000, sid: 6000, comm: "sshd", start: 2},
+		{pid: parent, ppid: grandparent, pgrp: 7002, sid: 7000, comm: "bash", start: 3},
+		{pid: me, ppid: parent, pgrp: 7001, sid: 7000, comm: "agent", start: 4},
+	}, nil)
+	if err := os.Symlink(strconv.Itoa(me), filepath.Join(ancestry.Root, "self")); err != nil {
 		t.Fatal(err)
 	}
-	someone := Identity{PID: 999999, StartTicks: 1}
-	tests := []struct {
+	type refusal struct {
 		name string
 		fs   FS
 		t    Target
 		want error
-	}{
+	}
+	tests := []refusal{
 		{"pid 1", FS{}, Target{Leader: Identity{PID: 1}}, ErrUnsafeTarget},
 		{"group 1", FS{}, Target{Leader: someone, PGID: 1}, ErrUnsafeTarget},
-		{"own group", FS{}, Target{Leader: someone, PGID: self.PGRP}, ErrUnsafeTarget},
-		{"own session", FS{}, Target{Leader: someone, SID: self.Session}, ErrUnsafeTarget},
+		{"session 1", FS{}, Target{Leader: someone, SID: 1}, ErrUnsafeTarget},
 		{"bad marker", FS{}, Target{Leader: someone, Marker: "nokey"}, ErrUnsafeTarget},
 		{"foreign root", writeTree(t, nil, nil), Target{Leader: someone}, ErrForeignRoot},
+		{"own group", ancestry, Target{Leader: someone, PGID: 7001}, ErrUnsafeTarget},
+		{"parent's group", ancestry, Target{Leader: someone, PGID: 7002}, ErrUnsafeTarget},
+		{"own session", ancestry, Target{Leader: someone, SID: 7000}, ErrUnsafeTarget},
+		{"grandparent's session", ancestry, Target{Leader: someone, SID: 6000}, ErrUnsafeTarget},
+	}
+	// The real process table too, where this runner can see its own group
+	// and session: a session led from outside this PID namespace (as in
+	// some CI containers) reads as 0 in /proc/self/stat, which names none.
+	self, err := FS{}.Stat(me)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self.PGRP > 0 {
+		tests = append(tests, refusal{"real own group", FS{}, Target{Leader: someone, PGID: self.PGRP}, ErrUnsafeTarget})
+	}
+	if self.Session > 0 {
+		tests = append(tests, refusal{"real own session", FS{}, Target{Leader: someone, SID: self.Session}, ErrUnsafeTarget})
 	}
 	for _, tt := range tests {
 		if _, err := tt.fs.Stop(testContext(t), tt.t, syscall.SIGTERM, time.Second); !errors.Is(err, tt.want) {
 			t.Errorf("%s: Stop = %v, want %v", tt.name, err, tt.want)
 		}
+	}
+	// A group or session nobody in the ancestry holds is not refused.
+	if _, err := ancestry.Stop(testContext(t), Target{Leader: someone, PGID: 8000, SID: 8000}, syscall.SIGTERM, time.Second); err != nil {
+		t.Errorf("unrelated group and session: Stop = %v, want nil", err)
 	}
 }
 
