@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,37 +14,10 @@ import (
 
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/sglang"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
-// fake is the fake SGLang server, built once by TestMain.
-var fake string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lifecycle-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fake = filepath.Join(dir, "fake-sglang")
-	if out, err := exec.Command("go", "build", "-o", fake, "github.com/agent-dev/agent/internal/fakesglang").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build fake-sglang: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testbin.FreePort(t) }
 
 // options launches the fake on a free port with faults, ready on /health and the ready
 // line, and kills whatever is left at the end of the test.
@@ -57,7 +28,7 @@ func options(t *testing.T, faults string, extra ...string) (*Lifecycle, LaunchOp
 	o := LaunchOptions{
 		Name: "srv", LogDir: t.TempDir(), KeepLogs: 3, Generation: 1, Port: port,
 		Spec: Spec{
-			Argv:   append([]string{fake, "--model-path", "Qwen/Qwen3-8B", "--port", strconv.Itoa(port), "--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "4"}, extra...),
+			Argv:   append([]string{testbin.FakeSGLang(t), "--model-path", "Qwen/Qwen3-8B", "--port", strconv.Itoa(port), "--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "4"}, extra...),
 			Env:    map[string]string{"FAKE_SGLANG": faults, "FAKE_SGLANG_DECODE_INTERVAL": "100ms"},
 			Marker: marker,
 		},

@@ -105,3 +105,45 @@ func FreePort(tb testing.TB) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// Servers returns the server processes that agents started for one test, mapped to
+// their AGENT_SERVER marker: the processes whose environment holds that marker and
+// HOME=home (each test gives its agents a HOME of its own). By PID and environment
+// only, never by name, as the agent itself finds them.
+func Servers(home string) map[int]string {
+	found := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		var marker string
+		mine := false
+		for _, kv := range strings.Split(string(env), "\x00") {
+			switch {
+			case strings.HasPrefix(kv, "AGENT_SERVER="):
+				marker = kv
+			case kv == "HOME="+home:
+				mine = true
+			}
+		}
+		if mine && marker != "" {
+			found[pid] = marker
+		}
+	}
+	return found
+}
+
+// KillServers SIGKILLs the servers of Servers(home) and their process groups: a
+// test's cleanup, so that a failed test leaves nothing running.
+func KillServers(home string) {
+	for pid := range Servers(home) {
+		syscall.Kill(-pid, syscall.SIGKILL)
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}

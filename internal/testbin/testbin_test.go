@@ -5,7 +5,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestBuildsOnceAndSweepsDeadProcesses(t *testing.T) {
@@ -25,5 +27,38 @@ func TestBuildsOnceAndSweepsDeadProcesses(t *testing.T) {
 	}
 	if FreePort(t) <= 0 {
 		t.Error("no port")
+	}
+}
+
+func TestServersFindsOnlyThisTestsMarkedProcesses(t *testing.T) {
+	home := t.TempDir()
+	start := func(env ...string) *exec.Cmd {
+		cmd := exec.Command("sleep", "60")
+		cmd.Env = env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	ours := start("HOME="+home, "AGENT_SERVER=server.qwen#3")
+	start("HOME=" + home)                                 // no marker: not a server
+	start("HOME="+home+"x", "AGENT_SERVER=server.qwen#3") // another test's
+	start("XHOME="+home, "AGENT_SERVER=server.qwen#3")    // HOME must match whole
+	want := map[int]string{ours.Process.Pid: "AGENT_SERVER=server.qwen#3"}
+	if got := Servers(home); len(got) != 1 || got[ours.Process.Pid] != want[ours.Process.Pid] {
+		t.Fatalf("Servers = %v, want %v", got, want)
+	}
+	KillServers(home)
+	done := make(chan error, 1)
+	go func() { done <- ours.Wait() }()
+	select {
+	case <-done:
+		if ws := ours.ProcessState.Sys().(syscall.WaitStatus); ws.Signal() != syscall.SIGKILL {
+			t.Errorf("server ended with %v, want SIGKILL", ws)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("KillServers left the server running")
 	}
 }

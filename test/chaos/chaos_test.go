@@ -32,8 +32,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -140,43 +140,12 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// serverProcs lists the PIDs of this run's server: processes whose environment holds an
-// AGENT_SERVER marker for server.qwen and this run's HOME. By PID and environ only.
+// serverProcs lists this run's qwen servers (testbin.Servers, by PID and environ only).
 func serverProcs(home string) map[int]string {
-	found := map[int]string{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		var marker string
-		mine := false
-		for _, kv := range bytes.Split(env, []byte{0}) {
-			switch {
-			case bytes.HasPrefix(kv, []byte("AGENT_SERVER=server.qwen#")):
-				marker = string(kv)
-			case string(kv) == "HOME="+home:
-				mine = true
-			}
-		}
-		if mine && marker != "" {
-			found[pid] = marker
-		}
-	}
+	found := testbin.Servers(home)
+	maps.DeleteFunc(found, func(_ int, marker string) bool {
+		return !strings.HasPrefix(marker, "AGENT_SERVER=server.qwen#")
+	})
 	return found
 }
 
@@ -223,7 +192,7 @@ func TestChaos(t *testing.T) {
 	host := filepath.Join(work, "host") // var.root and the server's HOME: unique to this run
 	state := filepath.Join(work, "state")
 	must(t, os.MkdirAll(host, 0o755))
-	port := freePort(t)
+	port := testbin.FreePort(t)
 
 	srv := &blobServer{content: map[string][]byte{}, expect: map[string]int64{}}
 	hs := httptest.NewServer(srv)

@@ -5,50 +5,26 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"net"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
-
-var agentBin, fakeBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "hostile-bin")
-	if err != nil {
-		panic(err)
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		panic(err)
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	agentBin, fakeBin = filepath.Join(dir, "agent"), filepath.Join(dir, "fake-sglang")
-	for _, b := range [][2]string{{agentBin, "."}, {fakeBin, "./internal/fakesglang"}} {
-		cmd := exec.Command("go", "build", "-o", b[0], b[1])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Stderr.Write(out)
-			panic(err)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
 
 // agent runs the agent with HOME=home (so the servers it starts are found by environ)
 // and returns its combined output and exit code.
 func agent(t *testing.T, home string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(agentBin, args...)
+	cmd := exec.Command(testbin.Agent(t), args...)
 	cmd.Env = append(os.Environ(), "HOME="+home)
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -57,44 +33,6 @@ func agent(t *testing.T, home string, args ...string) (string, int) {
 		t.Fatal(err)
 	}
 	return string(out), 0
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// servers lists this test's server processes: an AGENT_SERVER marker and HOME=home in
-// /proc/PID/environ. By PID and environ only, never by name.
-func servers(home string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		env = append([]byte{0}, env...)
-		if bytes.Contains(env, []byte("\x00HOME="+home+"\x00")) && bytes.Contains(env, []byte("\x00AGENT_SERVER=")) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-func killServers(home string) {
-	for _, pid := range servers(home) {
-		syscall.Kill(-pid, syscall.SIGKILL)
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
 }
 
 func must(t *testing.T, err error) {
@@ -110,13 +48,13 @@ func must(t *testing.T, err error) {
 func TestShellMetacharactersReachTheServerAsOneArgument(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
-	t.Cleanup(func() { killServers(home) })
+	t.Cleanup(func() { testbin.KillServers(home) })
 	pwned := filepath.Join(home, "PWNED")
 	nasty := `x"; touch ` + pwned + `; echo '$(touch ` + pwned + `)' ` + "`touch " + pwned + "`" + ` && rm -rf / || true # $HOME * ? [a] {b,c} > out < in | cat \`
 	model := filepath.Join(home, "models", "m")
 	must(t, os.MkdirAll(model, 0o755))
 	must(t, os.WriteFile(filepath.Join(model, "config.json"), []byte(`{"architectures":["Qwen3NextForCausalLM"],"model_type":"qwen3_next"}`), 0o644))
-	port := freePort(t)
+	port := testbin.FreePort(t)
 	plan := filepath.Join(home, "plan.hcl")
 	must(t, os.WriteFile(plan, []byte(`
 variable "fake" {}
@@ -146,18 +84,18 @@ server "s" {
 }
 `), 0o644))
 	out, rc := agent(t, home, "apply", plan, "--state-dir", filepath.Join(home, "state"),
-		"-var", "fake="+fakeBin, "-var", "port="+strconv.Itoa(port), "-var", "nasty="+nasty)
+		"-var", "fake="+testbin.FakeSGLang(t), "-var", "port="+strconv.Itoa(port), "-var", "nasty="+nasty)
 	if rc != 0 {
 		t.Fatalf("apply: exit %d\n%s", rc, out)
 	}
-	pids := servers(home)
+	pids := slices.Collect(maps.Keys(testbin.Servers(home)))
 	if len(pids) != 1 {
 		t.Fatalf("want one server process, got %v", pids)
 	}
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pids[0]) + "/cmdline")
 	must(t, err)
 	argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
-	if argv[0] != fakeBin {
+	if argv[0] != testbin.FakeSGLang(t) {
 		t.Errorf("argv[0] = %q, want the command itself (no shell): %q", argv[0], argv)
 	}
 	found := false
@@ -187,7 +125,7 @@ server "s" {
 func TestSymlinks(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
-	t.Cleanup(func() { killServers(home) })
+	t.Cleanup(func() { testbin.KillServers(home) })
 	content := []byte(`{"model_type":"qwen3_next"}` + "\n")
 	sum := sha256.Sum256(content)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -212,7 +150,7 @@ func TestSymlinks(t *testing.T) {
 	must(t, os.Symlink(logsElsewhere, logDir))
 	must(t, os.Symlink(victim, filepath.Join(logsElsewhere, "s.1.log")))
 
-	port := freePort(t)
+	port := testbin.FreePort(t)
 	plan := filepath.Join(home, "plan.hcl")
 	must(t, os.WriteFile(plan, []byte(`
 variable "fake" {}
@@ -245,7 +183,7 @@ server "s" {
 }
 `), 0o644))
 	out, rc := agent(t, home, "apply", plan, "--state-dir", filepath.Join(home, "state"),
-		"-var", "fake="+fakeBin, "-var", "port="+strconv.Itoa(port))
+		"-var", "fake="+testbin.FakeSGLang(t), "-var", "port="+strconv.Itoa(port))
 	t.Logf("apply: exit %d\n%s", rc, out)
 	if b, _ := os.ReadFile(victim); string(b) != "precious\n" {
 		t.Fatalf("a planted symlink was followed: the victim now holds %q", b)

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -73,12 +72,12 @@ func TestPlantedSecretsAppearNowhere(t *testing.T) {
 	must(t, os.MkdirAll(host, 0o755))
 	tokenFile := filepath.Join(host, "hf-token")
 	must(t, os.WriteFile(tokenFile, []byte(hfSecret+"\n"), 0o600))
-	port := freePort(t)
+	port := testbin.FreePort(t)
 	planFile := filepath.Join(work, "plan.hcl")
 	must(t, os.WriteFile(planFile, []byte(plan), 0o644))
 	badFile := filepath.Join(work, "bad.hcl")
 	must(t, os.WriteFile(badFile, []byte(badPlan), 0o644))
-	t.Cleanup(func() { killServers(host) })
+	t.Cleanup(func() { testbin.KillServers(host) })
 
 	var transcript bytes.Buffer // everything the agent printed
 	run := func(want int, args ...string) string {
@@ -122,7 +121,7 @@ func TestPlantedSecretsAppearNowhere(t *testing.T) {
 	run(1, "plan", badFile, "--json")
 
 	// agent run: its /metrics and /status.
-	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	listen := "127.0.0.1:" + strconv.Itoa(testbin.FreePort(t))
 	daemon := exec.Command(agentBin, "run", planFile, "--listen", listen, "--interval", "1s", "--state-dir", state, "--log-level", "debug",
 		"-var", "root="+host, "-var", "fake_sglang="+fakeBin, "-var", "port="+strconv.Itoa(port),
 		"-var", "hub="+hub.URL, "-var", "api_key="+apiSecret)
@@ -284,44 +283,6 @@ download "missing" {
   dest = "${var.root}/models/missing"
 }
 `
-
-func repoRoot(t *testing.T) string {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// killServers stops the servers this test's agents started: processes whose environment
-// holds an AGENT_SERVER marker and this test's HOME (by PID and environ, never by name).
-func killServers(home string) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		env = append([]byte{0}, env...)
-		if bytes.Contains(env, []byte("\x00HOME="+home+"\x00")) && bytes.Contains(env, []byte("AGENT_SERVER=")) {
-			syscall.Kill(-pid, syscall.SIGKILL)
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-}
 
 func must(t *testing.T, err error) {
 	t.Helper()
