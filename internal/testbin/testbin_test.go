@@ -11,15 +11,20 @@ import (
 )
 
 func TestBuildsOnceAndSweepsDeadProcesses(t *testing.T) {
-	// A leftover of a test process that is gone (PID 2^22+1 does not exist).
+	// A leftover of a test process that is gone (PID 2^22+1 does not exist). The first
+	// build sweeps; sweep is called here too, as with -count=N only the first run builds.
 	stale := filepath.Join(os.TempDir(), "agent-testbin-4194305")
 	os.MkdirAll(stale, 0o755)
 	a, b := FakeSGLang(t), FakeSGLang(t)
 	if a != b {
 		t.Errorf("built twice: %s, %s", a, b)
 	}
+	sweep()
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Errorf("the dead process's directory was kept: %v", err)
+	}
+	if _, err := os.Stat(a); err != nil {
+		t.Errorf("sweep removed this process's own binaries: %v", err)
 	}
 	out, _ := exec.Command(a, "--model-path", "m", "--bogus-flag").CombinedOutput()
 	if !strings.Contains(string(out), "unrecognized arguments: --bogus-flag") {
