@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,42 +16,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
-
-// binary is the fake built once by TestMain.
-var binary string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fake-sglang-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "fake-sglang")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build fake-sglang: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
 
 // wait is the deadline of every wait in these tests: generous, because the
 // machine is shared; nothing here asserts speed.
 const wait = 20 * time.Second
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // proc is one launched fake, in its own process group, logging to a file as
 // the agent would run it.
@@ -70,7 +40,7 @@ func launch(t *testing.T, faults string, args ...string) *proc {
 	t.Helper()
 	p := &proc{log: filepath.Join(t.TempDir(), "server.log"), done: make(chan struct{})}
 	if !strings.Contains(strings.Join(args, " "), "--port") {
-		p.port = freePort(t)
+		p.port = testbin.FreePort(t)
 		args = append(args, "--port", strconv.Itoa(p.port))
 	}
 	f, err := os.Create(p.log)
@@ -78,7 +48,7 @@ func launch(t *testing.T, faults string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	p.cmd = exec.Command(binary, args...)
+	p.cmd = exec.Command(testbin.FakeSGLang(t), args...)
 	p.cmd.Env = append(os.Environ(), "FAKE_SGLANG="+faults, "FAKE_SGLANG_DECODE_INTERVAL=200ms")
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
