@@ -196,20 +196,51 @@ echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (v
 `, version, root, record, loadCmd, fail)
 }
 
-// serveInstaller serves script at /NVIDIA-Linux-x86_64-VERSION.run on a loopback server
-// and returns its URL and sha256.
-func serveInstaller(t *testing.T, script []byte) (url, sum string) {
+// driverHost is a fake host for the driver tests: tree unpacked under a fresh root, the
+// GPUs observed through procfs there, run as the command runner, and a state directory
+// of its own.
+func driverHost(t *testing.T, tree string, run *fakeRunner) Host {
 	t.Helper()
+	root := fakeRoot(t, tree)
+	return Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: t.TempDir()}
+}
+
+// installer is a fake v580 installer served on loopback for one test.
+type installer struct {
+	url, sum string
+	record   string // where the installer writes its arguments; absent until it runs
+}
+
+// serveInstaller serves fakeInstaller(root, …, load, exit) at
+// /NVIDIA-Linux-x86_64-580.95.05.run on a loopback server.
+func serveInstaller(t *testing.T, root string, load bool, exit int) installer {
+	t.Helper()
+	in := installer{record: filepath.Join(t.TempDir(), "args")}
+	script := fakeInstaller(root, in.record, v580, load, exit)
 	srv := fetchtest.NewServer()
 	t.Cleanup(srv.Close)
 	srv.Set("/NVIDIA-Linux-x86_64-"+v580+".run", script)
 	h := sha256.Sum256(script)
-	return srv.URL("/NVIDIA-Linux-x86_64-" + v580 + ".run"), hex.EncodeToString(h[:])
+	in.url, in.sum = srv.URL("/NVIDIA-Linux-x86_64-"+v580+".run"), hex.EncodeToString(h[:])
+	return in
 }
 
-// driverEngine binds a plan with the nvidia_driver kind alone, on h, with its state under
-// stateDir.
-func driverEngine(t *testing.T, h Host, stateDir, src string) *agent.Engine {
+// plan is the nvidia_driver "host" block that installs v580 with this installer, with
+// extra (attributes of the driver block) after it.
+func (in installer) plan(extra string) string {
+	return fmt.Sprintf(`
+nvidia_driver "host" {
+  version = %q
+  installer {
+    url    = %q
+    sha256 = %q
+  }
+%s}
+`, v580, in.url, in.sum, extra)
+}
+
+// loadDriverPlan loads src with the nvidia_driver kind alone, bound to h.
+func loadDriverPlan(t *testing.T, h Host, src string) (*plans.Plan, []agent.Kind) {
 	t.Helper()
 	kinds := []agent.Kind{DriverKind(h)}
 	dir := t.TempDir()
@@ -218,7 +249,14 @@ func driverEngine(t *testing.T, h Host, stateDir, src string) *agent.Engine {
 	if diags.HasErrors() {
 		t.Fatal(diags.Error())
 	}
-	store, err := state.Open(stateDir)
+	return p, kinds
+}
+
+// driverEngine is an engine for src on h, with the engine's state under h.StateDir.
+func driverEngine(t *testing.T, h Host, src string) *agent.Engine {
+	t.Helper()
+	p, kinds := loadDriverPlan(t, h, src)
+	store, err := state.Open(filepath.Join(h.StateDir, "state"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,6 +265,21 @@ func driverEngine(t *testing.T, h Host, stateDir, src string) *agent.Engine {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// bindForTest binds src on h and returns its one driver, to be driven directly.
+func bindForTest(t *testing.T, h Host, src string) *Driver {
+	t.Helper()
+	p, kinds := loadDriverPlan(t, h, src)
+	res, diags := agent.Bind(p, kinds)
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	for _, r := range res {
+		return r.(*Driver)
+	}
+	t.Fatal("no resource")
+	return nil
 }
 
 func oneStep(t *testing.T, rep *agent.Report) *agent.Step {
@@ -256,13 +309,10 @@ func fieldValue(st *agent.Status, name string) string {
 // apply is a no-op, a second apply runs nothing, and status is degraded.
 func TestDriverInstallerRebootRequired(t *testing.T) {
 	t.Parallel()
-	root := fakeRoot(t, tree570)
-	stateDir := t.TempDir()
-	record := filepath.Join(t.TempDir(), "args")
-	url, sum := serveInstaller(t, fakeInstaller(root, record, v580, false, 0))
 	run := &fakeRunner{}
-	h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}
-	e := driverEngine(t, h, filepath.Join(stateDir, "state"), fmt.Sprintf(`
+	h := driverHost(t, tree570, run)
+	in := serveInstaller(t, h.Root, false, 0)
+	e := driverEngine(t, h, fmt.Sprintf(`
 nvidia_driver "host" {
   version = %q
   installer {
@@ -271,7 +321,7 @@ nvidia_driver "host" {
     args   = ["--dkms"]
   }
 }
-`, v580, url, sum))
+`, v580, in.url, in.sum))
 	ctx := context.Background()
 
 	st := oneStep(t, e.Plan(ctx))
@@ -286,13 +336,13 @@ nvidia_driver "host" {
 	if st.Err != nil || !st.Applied {
 		t.Fatalf("apply: %v (applied %v)", st.Err, st.Applied)
 	}
-	args, _ := os.ReadFile(record)
+	args, _ := os.ReadFile(in.record)
 	lines := strings.Split(strings.TrimSpace(string(args)), "\n")
-	wantLog := filepath.Join(stateDir, "nvidia_driver", "host", "nvidia-installer-"+v580+".log")
+	wantLog := filepath.Join(h.StateDir, "nvidia_driver", "host", "nvidia-installer-"+v580+".log")
 	if want := "--silent --no-questions --ui=none --disable-nouveau --log-file-name=" + wantLog + " --dkms"; len(lines) != 1 || lines[0] != want {
 		t.Errorf("installer arguments:\n%q\nwant one run with\n%q", lines, want)
 	}
-	if _, err := os.Stat(filepath.Join(stateDir, "nvidia_driver", "host", "cache", "NVIDIA-Linux-x86_64-"+v580+".run")); err != nil {
+	if _, err := os.Stat(filepath.Join(h.StateDir, "nvidia_driver", "host", "cache", "NVIDIA-Linux-x86_64-"+v580+".run")); err != nil {
 		t.Errorf("installer not kept in the cache: %v", err)
 	}
 	if got := run.ran(); !slices.Equal(got, []string{"installer"}) {
@@ -309,7 +359,7 @@ nvidia_driver "host" {
 	if st.Err != nil || st.Applied {
 		t.Fatalf("second apply: %v (applied %v), want nothing done", st.Err, st.Applied)
 	}
-	if args2, _ := os.ReadFile(record); string(args2) != string(args) {
+	if args2, _ := os.ReadFile(in.record); string(args2) != string(args) {
 		t.Errorf("the installer ran again")
 	}
 	if got := run.ran(); len(got) != 1 {
@@ -329,22 +379,10 @@ nvidia_driver "host" {
 // and once per cause; a reboot that did not load the module is reported, not repeated.
 func TestDriverRebootAllowed(t *testing.T) {
 	t.Parallel()
-	root := fakeRoot(t, tree570)
-	stateDir := t.TempDir()
-	record := filepath.Join(t.TempDir(), "args")
-	url, sum := serveInstaller(t, fakeInstaller(root, record, v580, false, 0))
 	run := &fakeRunner{}
-	h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}
-	e := driverEngine(t, h, filepath.Join(stateDir, "state"), fmt.Sprintf(`
-nvidia_driver "host" {
-  version = %q
-  installer {
-    url    = %q
-    sha256 = %q
-  }
-  reboot = "allowed"
-}
-`, v580, url, sum))
+	h := driverHost(t, tree570, run)
+	e := driverEngine(t, h, serveInstaller(t, h.Root, false, 0).plan(`  reboot = "allowed"
+`))
 	ctx := context.Background()
 
 	st := oneStep(t, e.Apply(ctx, nil))
@@ -365,7 +403,7 @@ nvidia_driver "host" {
 
 	// The host came back (new boot id) with the old module still loaded: say so, and do
 	// not reboot again for the same cause.
-	writeTree(t, root, "-- proc/sys/kernel/random/boot_id --\n5d1f2a3c-0000-4000-8000-000000000002\n")
+	writeTree(t, h.Root, "-- proc/sys/kernel/random/boot_id --\n5d1f2a3c-0000-4000-8000-000000000002\n")
 	st = oneStep(t, e.Apply(ctx, nil))
 	if st.Err != nil || st.Diff.Action != agent.NoOp || !hasString(st.Diff.Warnings, "the reboot did not help") {
 		t.Fatalf("after a useless reboot: %v %+v", st.Err, st.Diff)
@@ -375,7 +413,7 @@ nvidia_driver "host" {
 	}
 
 	// The module loads after the reboot: converged and healthy.
-	writeTree(t, root, tree580)
+	writeTree(t, h.Root, tree580)
 	st = oneStep(t, e.Status(ctx))
 	if st.Err != nil || !st.Status.Healthy || st.Status.Summary != "driver 580.95.05 loaded, 2× NVIDIA RTX A6000" {
 		t.Fatalf("status after the reboot: %v %+v", st.Err, st.Status)
@@ -386,26 +424,15 @@ nvidia_driver "host" {
 // agent tries modprobe once and the host converges without a reboot.
 func TestDriverFreshInstallModprobe(t *testing.T) {
 	t.Parallel()
-	root := fakeRoot(t, treeBare)
-	stateDir := t.TempDir()
-	record := filepath.Join(t.TempDir(), "args")
-	url, sum := serveInstaller(t, fakeInstaller(root, record, v580, false, 0))
-	run := &fakeRunner{handle: func(c Command) ([]byte, error) {
+	run := &fakeRunner{}
+	h := driverHost(t, treeBare, run)
+	run.handle = func(c Command) ([]byte, error) {
 		if c.String() == "modprobe nvidia" {
-			writeTree(t, root, tree580)
+			writeTree(t, h.Root, tree580)
 		}
 		return nil, nil
-	}}
-	h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}
-	e := driverEngine(t, h, filepath.Join(stateDir, "state"), fmt.Sprintf(`
-nvidia_driver "host" {
-  version = %q
-  installer {
-    url    = %q
-    sha256 = %q
-  }
-}
-`, v580, url, sum))
+	}
+	e := driverEngine(t, h, serveInstaller(t, h.Root, false, 0).plan(""))
 	ctx := context.Background()
 	st := oneStep(t, e.Plan(ctx))
 	if st.Diff.Action != agent.Create {
@@ -429,22 +456,12 @@ func TestDriverInstallerFailures(t *testing.T) {
 	t.Parallel()
 	t.Run("installer fails", func(t *testing.T) {
 		t.Parallel()
-		root := fakeRoot(t, treeBare)
-		stateDir := t.TempDir()
-		url, sum := serveInstaller(t, fakeInstaller(root, filepath.Join(t.TempDir(), "args"), v580, false, 1))
-		h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}, StateDir: stateDir}
-		e := driverEngine(t, h, filepath.Join(stateDir, "state"), fmt.Sprintf(`
-nvidia_driver "host" {
-  version = %q
-  installer {
-    url    = %q
-    sha256 = %q
-  }
-}
-`, v580, url, sum))
+		h := driverHost(t, treeBare, &fakeRunner{})
+		in := serveInstaller(t, h.Root, false, 1)
+		e := driverEngine(t, h, in.plan(""))
 		st := oneStep(t, e.Apply(context.Background(), nil))
-		for _, want := range []string{"nvidia_driver.host: create: installer " + url + " failed: exit status 1",
-			"last lines of " + filepath.Join(stateDir, "nvidia_driver", "host", "nvidia-installer-580.95.05.log"),
+		for _, want := range []string{"nvidia_driver.host: create: installer " + in.url + " failed: exit status 1",
+			"last lines of " + filepath.Join(h.StateDir, "nvidia_driver", "host", "nvidia-installer-580.95.05.log"),
 			"ERROR: Unable to build the NVIDIA kernel module."} {
 			if st.Err == nil || !strings.Contains(st.Err.Error(), want) {
 				t.Errorf("error %v\nlacks %q", st.Err, want)
@@ -453,20 +470,11 @@ nvidia_driver "host" {
 	})
 	t.Run("checksum", func(t *testing.T) {
 		t.Parallel()
-		root := fakeRoot(t, treeBare)
-		stateDir := t.TempDir()
-		url, _ := serveInstaller(t, fakeInstaller(root, filepath.Join(t.TempDir(), "args"), v580, true, 0))
 		run := &fakeRunner{}
-		h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}
-		d := bindForTest(t, h, fmt.Sprintf(`
-nvidia_driver "host" {
-  version = %q
-  installer {
-    url    = %q
-    sha256 = %q
-  }
-}
-`, v580, url, strings.Repeat("ab", 32)))
+		h := driverHost(t, treeBare, run)
+		in := serveInstaller(t, h.Root, true, 0)
+		in.sum = strings.Repeat("ab", 32)
+		d := bindForTest(t, h, in.plan(""))
 		d.fetchOpts.RetryBackoff = time.Millisecond
 		env := &agent.Env{Addr: "nvidia_driver.host", Log: discardLog()}
 		diff, err := d.Check(context.Background(), env)
@@ -498,19 +506,18 @@ func TestDriverPackage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			root := fakeRoot(t, tree570)
-			stateDir := t.TempDir()
+			run := &fakeRunner{}
+			h := driverHost(t, tree570, run)
 			var env []string
-			run := &fakeRunner{handle: func(c Command) ([]byte, error) {
+			run.handle = func(c Command) ([]byte, error) {
 				if c.Name == "apt-get" {
 					env = c.Env
 					fmt.Fprintf(c.Log, "Setting up nvidia-driver-580 (%s-0ubuntu1) ...\n", tc.installs)
-					writeTree(t, root, fmt.Sprintf("-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 --\nsymlink libnvidia-ml.so.%[1]s\n-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.%[1]s --\n", tc.installs))
+					writeTree(t, h.Root, fmt.Sprintf("-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 --\nsymlink libnvidia-ml.so.%[1]s\n-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.%[1]s --\n", tc.installs))
 				}
 				return nil, nil
-			}}
-			h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}
-			e := driverEngine(t, h, filepath.Join(stateDir, "state"), `
+			}
+			e := driverEngine(t, h, `
 nvidia_driver "host" {
   version = "580.95.05"
   package = "nvidia-driver-580"
@@ -535,7 +542,7 @@ nvidia_driver "host" {
 			if st := oneStep(t, e.Plan(context.Background())); !hasString(st.Diff.Warnings, "reboot required: installed 580.95.05, loaded 570.172.08") {
 				t.Errorf("plan after apply %+v", st.Diff)
 			}
-			log, _ := os.ReadFile(filepath.Join(stateDir, "nvidia_driver", "host", "install-580.95.05.log"))
+			log, _ := os.ReadFile(filepath.Join(h.StateDir, "nvidia_driver", "host", "install-580.95.05.log"))
 			if !strings.Contains(string(log), "Setting up nvidia-driver-580") {
 				t.Errorf("install log %q", log)
 			}
@@ -548,21 +555,9 @@ nvidia_driver "host" {
 // host reported as needing a reboot, once.
 func TestDriverNouveau(t *testing.T) {
 	t.Parallel()
-	root := fakeRoot(t, treeNouveau)
-	stateDir := t.TempDir()
-	record := filepath.Join(t.TempDir(), "args")
-	url, sum := serveInstaller(t, fakeInstaller(root, record, v580, true, 0))
 	run := &fakeRunner{}
-	h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}
-	e := driverEngine(t, h, filepath.Join(stateDir, "state"), fmt.Sprintf(`
-nvidia_driver "host" {
-  version = %q
-  installer {
-    url    = %q
-    sha256 = %q
-  }
-}
-`, v580, url, sum))
+	h := driverHost(t, treeNouveau, run)
+	e := driverEngine(t, h, serveInstaller(t, h.Root, true, 0).plan(""))
 	ctx := context.Background()
 	st := oneStep(t, e.Plan(ctx))
 	if st.Diff.Action != agent.Update || st.Diff.Changes[0].Attr != "nouveau" ||
@@ -573,7 +568,7 @@ nvidia_driver "host" {
 	if st.Err != nil || !st.Applied {
 		t.Fatalf("apply: %v", st.Err)
 	}
-	p := filepath.Join(root, "etc/modprobe.d/blacklist-nouveau.conf")
+	p := filepath.Join(h.Root, "etc/modprobe.d/blacklist-nouveau.conf")
 	data, err := os.ReadFile(p)
 	fi, _ := os.Stat(p)
 	if err != nil || string(data) != "blacklist nouveau\noptions nouveau modeset=0\n" || fi.Mode().Perm() != 0o644 {
@@ -589,8 +584,8 @@ nvidia_driver "host" {
 	}
 
 	// After the reboot nouveau is gone: the driver installs.
-	os.Remove(filepath.Join(root, "sys/module/nouveau/initstate"))
-	writeTree(t, root, "-- proc/modules --\n-- proc/sys/kernel/random/boot_id --\n5d1f2a3c-0000-4000-8000-000000000002\n")
+	os.Remove(filepath.Join(h.Root, "sys/module/nouveau/initstate"))
+	writeTree(t, h.Root, "-- proc/modules --\n-- proc/sys/kernel/random/boot_id --\n5d1f2a3c-0000-4000-8000-000000000002\n")
 	st = oneStep(t, e.Apply(ctx, nil))
 	if st.Err != nil || st.Diff.Action != agent.Create || !st.Applied {
 		t.Fatalf("apply after the reboot: %v %+v", st.Err, st.Diff)
@@ -637,8 +632,7 @@ func TestDriverPersistenceMode(t *testing.T) {
 		}
 		return nil, nil
 	}}
-	stateDir := t.TempDir()
-	e := driverEngine(t, Host{Root: root, GPU: obs, Run: run, StateDir: stateDir}, filepath.Join(stateDir, "state"), `
+	e := driverEngine(t, Host{Root: root, GPU: obs, Run: run, StateDir: t.TempDir()}, `
 nvidia_driver "host" {
   version          = "580.95.05"
   persistence_mode = true
@@ -701,28 +695,18 @@ func TestDriverStopsGPUServersFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			root := fakeRoot(t, tree570)
-			stateDir := t.TempDir()
-			record := filepath.Join(t.TempDir(), "args")
-			url, sum := serveInstaller(t, fakeInstaller(root, record, v580, true, 0))
+			h := driverHost(t, tree570, &fakeRunner{})
+			in := serveInstaller(t, h.Root, true, 0)
 			obs := &fixedGPU{info: nvmlInfo("570.172.08", true, true)}
 			obs.info.GPUs[0].Processes = []gpu.Process{{PID: 4242, UsedMemory: 20 << 30}, {PID: 999, UsedMemory: 1 << 30}}
 			obs.info.GPUs[1].Processes = []gpu.Process{{PID: 4242, UsedMemory: 20 << 30}}
-			h := Host{Root: root, GPU: obs, Run: &fakeRunner{}, StateDir: stateDir, Proc: proc.FS{Root: procRoot}}
+			h.GPU, h.Proc = obs, proc.FS{Root: procRoot}
 			s := &stopper{obs: obs, owns: tc.owns}
 			if tc.hook {
 				h.StopGPUServers = s
 			}
-			src := fmt.Sprintf(`
-nvidia_driver "host" {
-  version = %q
-  installer {
-    url    = %q
-    sha256 = %q
-  }
-}
-`, v580, url, sum)
-			e := driverEngine(t, h, filepath.Join(stateDir, "state"), src)
+			src := in.plan("")
+			e := driverEngine(t, h, src)
 			plan := oneStep(t, e.Plan(context.Background()))
 			if !hasString(plan.Diff.Warnings, "2 processes use the GPUs: pid 999") {
 				t.Errorf("plan warnings %q", plan.Diff.Warnings)
@@ -736,7 +720,7 @@ nvidia_driver "host" {
 				t.Fatal(err)
 			}
 			err = d.Apply(context.Background(), env, diff)
-			_, ranInstaller := os.Stat(record)
+			_, ranInstaller := os.Stat(in.record)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrGPUInUse) {
 					t.Fatalf("apply error %v\nwant %q", err, tc.wantErr)
@@ -752,26 +736,6 @@ nvidia_driver "host" {
 			}
 		})
 	}
-}
-
-func bindForTest(t *testing.T, h Host, src string) *Driver {
-	t.Helper()
-	kinds := []agent.Kind{DriverKind(h)}
-	dir := t.TempDir()
-	p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(src)}},
-		plans.Options{Schemas: agent.Schemas(kinds)})
-	if diags.HasErrors() {
-		t.Fatal(diags.Error())
-	}
-	res, diags := agent.Bind(p, kinds)
-	if diags.HasErrors() {
-		t.Fatal(diags.Error())
-	}
-	for _, r := range res {
-		return r.(*Driver)
-	}
-	t.Fatal("no resource")
-	return nil
 }
 
 // Issue 6 "done means": every GPU state renders as a clear status line, with the fix.
@@ -931,19 +895,19 @@ func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // both, never a second one in the same boot.
 func TestDriverOneRebootPerBoot(t *testing.T) {
 	t.Parallel()
-	root := fakeRoot(t, tree570+`-- sys/module/nouveau/initstate --
+	run := &fakeRunner{}
+	h := driverHost(t, tree570+`-- sys/module/nouveau/initstate --
 live
 -- etc/modprobe.d/blacklist-nouveau.conf --
 blacklist nouveau
-`)
-	stateDir := t.TempDir()
-	run := &fakeRunner{handle: func(c Command) ([]byte, error) {
+`, run)
+	run.handle = func(c Command) ([]byte, error) {
 		if c.Name == "apt-get" {
-			writeTree(t, root, "-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 --\nsymlink libnvidia-ml.so.580.95.05\n-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 --\n")
+			writeTree(t, h.Root, "-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 --\nsymlink libnvidia-ml.so.580.95.05\n-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 --\n")
 		}
 		return nil, nil
-	}}
-	e := driverEngine(t, Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: stateDir}, filepath.Join(stateDir, "state"), `
+	}
+	e := driverEngine(t, h, `
 nvidia_driver "host" {
   version = "580.95.05"
   package = "nvidia-driver-580"
