@@ -17,7 +17,6 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
 )
@@ -94,23 +93,16 @@ server "qwen" {
 // ctrSrvHarness runs successive agent runs (a fresh engine each: an agent restart) on
 // one state directory, against the private incusd.
 type ctrSrvHarness struct {
-	t           *testing.T
+	srvState
 	d           *incustest.Daemon
-	dir, name   string
+	name        string
 	hport, port int
-	store       *state.Store
 }
 
 func newCtrSrvHarness(t *testing.T) *ctrSrvHarness {
 	t.Helper()
 	d := incusd.Start(t)
-	h := &ctrSrvHarness{t: t, d: d, dir: t.TempDir(), name: d.InstanceName(t), hport: srvFreePort(t), port: 30000}
-	var err error
-	if h.store, err = state.Open(filepath.Join(h.dir, "state")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.kill)
-	return h
+	return &ctrSrvHarness{srvState: newSrvState(t), d: d, name: d.InstanceName(t), hport: srvFreePort(t), port: 30000}
 }
 
 func (h *ctrSrvHarness) engine(withServer bool, vars ...string) *agent.Engine {
@@ -157,22 +149,6 @@ func (h *ctrSrvHarness) apply(vars ...string) *agent.Step {
 func (h *ctrSrvHarness) status(vars ...string) *agent.Step {
 	h.t.Helper()
 	return h.step(h.engine(true, vars...).Status(context.Background()))
-}
-
-func (h *ctrSrvHarness) record() serverRecord {
-	h.t.Helper()
-	var r serverRecord
-	if ok, err := h.store.Load("server.qwen", &r); !ok || err != nil {
-		h.t.Fatalf("no record: %v", err)
-	}
-	return r
-}
-
-func (h *ctrSrvHarness) kill() {
-	var r serverRecord
-	if ok, _ := h.store.Load("server.qwen", &r); ok && r.PID > 1 {
-		_, _ = proc.FS{}.Stop(context.Background(), r.target(), syscall.SIGKILL, time.Second)
-	}
 }
 
 // exec runs a command inside and returns its stdout (failing on a non-zero exit).

@@ -79,22 +79,50 @@ server "qwen" {
 `
 
 // srvHarness runs successive agent runs (a fresh engine each) on one state directory.
-type srvHarness struct {
+// srvState is what both server harnesses keep: the test's directory and state store,
+// the recorded launch, and a verified kill of it when the test ends.
+type srvState struct {
 	t     *testing.T
 	dir   string
-	port  int
 	store *state.Store
 }
 
-func newSrvHarness(t *testing.T) *srvHarness {
+func newSrvState(t *testing.T) srvState {
 	t.Helper()
-	h := &srvHarness{t: t, dir: t.TempDir(), port: srvFreePort(t)}
+	h := srvState{t: t, dir: t.TempDir()}
 	var err error
 	if h.store, err = state.Open(filepath.Join(h.dir, "state")); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.kill)
 	return h
+}
+
+func (h srvState) record() serverRecord {
+	h.t.Helper()
+	var r serverRecord
+	if ok, err := h.store.Load("server.qwen", &r); !ok || err != nil {
+		h.t.Fatalf("no record: %v", err)
+	}
+	return r
+}
+
+// kill ends whatever the test left running: the recorded launch, verified.
+func (h srvState) kill() {
+	var r serverRecord
+	if ok, _ := h.store.Load("server.qwen", &r); ok && r.PID > 1 {
+		_, _ = proc.FS{}.Stop(context.Background(), r.target(), syscall.SIGKILL, time.Second)
+	}
+}
+
+type srvHarness struct {
+	srvState
+	port int
+}
+
+func newSrvHarness(t *testing.T) *srvHarness {
+	t.Helper()
+	return &srvHarness{srvState: newSrvState(t), port: srvFreePort(t)}
 }
 
 func (h *srvHarness) logs() string { return filepath.Join(h.dir, "logs") }
@@ -127,23 +155,6 @@ func (h *srvHarness) apply(vars ...string) *agent.Step {
 func (h *srvHarness) status(vars ...string) *agent.Step {
 	h.t.Helper()
 	return h.engine(vars...).Status(context.Background()).Steps[0]
-}
-
-func (h *srvHarness) record() serverRecord {
-	h.t.Helper()
-	var r serverRecord
-	if ok, err := h.store.Load("server.qwen", &r); !ok || err != nil {
-		h.t.Fatalf("no record: %v", err)
-	}
-	return r
-}
-
-// kill ends whatever the test left running: the recorded launch, verified.
-func (h *srvHarness) kill() {
-	var r serverRecord
-	if ok, _ := h.store.Load("server.qwen", &r); ok && r.PID > 1 {
-		_, _ = proc.FS{}.Stop(context.Background(), r.target(), syscall.SIGKILL, time.Second)
-	}
 }
 
 func mustOK(t *testing.T, st *agent.Step) {
