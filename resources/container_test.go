@@ -16,7 +16,6 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/state"
-	"github.com/agent-dev/agent/plans"
 )
 
 // incusd is this test binary's private Incus daemon, started by the first container
@@ -66,16 +65,7 @@ container "c" {
 %s
 }
 `, h.name, body)
-	p, diags := plans.LoadSources(h.dir, []plans.Source{{Name: filepath.Join(h.dir, "plan.hcl"), Data: []byte(src)}},
-		plans.Options{Schemas: agent.Schemas(Kinds()), Vars: []string{"incus_socket=" + h.d.Socket}})
-	if diags.HasErrors() {
-		h.t.Fatal(diags.Error())
-	}
-	e, err := agent.New(p, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return e
+	return testEngine(h.t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
 }
 
 // plan returns the container's diff (failing on an error).
@@ -504,11 +494,7 @@ func TestContainerBind(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := "container \"c\" {\n  " + tc.body + "\n}\n"
-			p, diags := plans.LoadSources(".", []plans.Source{{Name: "plan.hcl", Data: []byte(src)}}, plans.Options{Schemas: agent.Schemas(Kinds())})
-			if diags.HasErrors() {
-				t.Fatal(diags.Error())
-			}
-			res, diags := agent.Bind(p, []agent.Kind{ContainerKind(Host{})})
+			res, diags := bindPlan(src, []agent.Kind{ContainerKind(Host{})})
 			if tc.want == "" {
 				if diags.HasErrors() {
 					t.Fatal(diags.Error())

@@ -25,7 +25,6 @@ import (
 	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
-	"github.com/agent-dev/agent/plans"
 )
 
 func randBytes(n int, seed uint64) []byte {
@@ -45,20 +44,7 @@ func sha(b []byte) string {
 // call is a fresh engine, as a new agent process would be.
 func engine(t *testing.T, dir, src string) *agent.Engine {
 	t.Helper()
-	p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(src)}},
-		plans.Options{Schemas: agent.Schemas(Kinds()), Vars: []string{"root=" + dir}})
-	if diags.HasErrors() {
-		t.Fatal(diags.Error())
-	}
-	store, err := state.Open(filepath.Join(dir, ".state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := agent.New(p, Kinds(), store, agent.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return testEngine(t, dir, src, Kinds(), openStore(t, filepath.Join(dir, ".state")), agent.Options{}, "root="+dir)
 }
 
 func mustApply(t *testing.T, e *agent.Engine) *agent.Report {
@@ -594,32 +580,22 @@ func TestDownloadBindErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dir := t.TempDir()
-			p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte("download \"x\" {\n  " + tc.body + "\n}\n")}},
-				plans.Options{Schemas: agent.Schemas(Kinds())})
-			if !diags.HasErrors() {
-				_, diags = agent.Bind(p, Kinds())
-			}
+			_, diags := bindPlan("download \"x\" {\n  "+tc.body+"\n}\n", Kinds())
 			if !strings.Contains(diags.Error(), tc.want) {
 				t.Errorf("diagnostics %q, want %q", diags.Error(), tc.want)
 			}
 		})
 	}
 	// insecure = true allows plain http to any host.
-	dir := t.TempDir()
-	p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(`download "x" {
+	if _, diags := bindPlan(`download "x" {
   dest     = "/m"
   insecure = true
   file "a" {
     url    = "http://mirror.example/a"
-    sha256 = "` + sum + `"
+    sha256 = "`+sum+`"
   }
 }
-`)}}, plans.Options{Schemas: agent.Schemas(Kinds())})
-	if !diags.HasErrors() {
-		_, diags = agent.Bind(p, Kinds())
-	}
-	if diags.HasErrors() {
+`, Kinds()); diags.HasErrors() {
 		t.Errorf("insecure = true: %v", diags)
 	}
 }

@@ -22,8 +22,6 @@ import (
 	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/state"
-	"github.com/agent-dev/agent/plans"
 )
 
 // Fake host trees, unpacked into t.TempDir() (names like gpus/0000:01:00.0 contain
@@ -239,39 +237,16 @@ nvidia_driver "host" {
 `, v580, in.url, in.sum, extra)
 }
 
-// loadDriverPlan loads src with the nvidia_driver kind alone, bound to h.
-func loadDriverPlan(t *testing.T, h Host, src string) (*plans.Plan, []agent.Kind) {
-	t.Helper()
-	kinds := []agent.Kind{DriverKind(h)}
-	dir := t.TempDir()
-	p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(src)}},
-		plans.Options{Schemas: agent.Schemas(kinds)})
-	if diags.HasErrors() {
-		t.Fatal(diags.Error())
-	}
-	return p, kinds
-}
-
 // driverEngine is an engine for src on h, with the engine's state under h.StateDir.
 func driverEngine(t *testing.T, h Host, src string) *agent.Engine {
 	t.Helper()
-	p, kinds := loadDriverPlan(t, h, src)
-	store, err := state.Open(filepath.Join(h.StateDir, "state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := agent.New(p, kinds, store, agent.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return testEngine(t, t.TempDir(), src, []agent.Kind{DriverKind(h)}, openStore(t, filepath.Join(h.StateDir, "state")), agent.Options{})
 }
 
 // bindForTest binds src on h and returns its one driver, to be driven directly.
 func bindForTest(t *testing.T, h Host, src string) *Driver {
 	t.Helper()
-	p, kinds := loadDriverPlan(t, h, src)
-	res, diags := agent.Bind(p, kinds)
+	res, diags := bindPlan(src, []agent.Kind{DriverKind(h)})
 	if diags.HasErrors() {
 		t.Fatal(diags.Error())
 	}
@@ -856,13 +831,7 @@ func TestDriverBindErrors(t *testing.T) {
   package = " "
 }`, "Empty package"},
 	} {
-		kinds := []agent.Kind{DriverKind(Host{GPU: &fixedGPU{}, Run: &fakeRunner{}})}
-		dir := t.TempDir()
-		p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(tc.src)}},
-			plans.Options{Schemas: agent.Schemas(kinds)})
-		if !diags.HasErrors() {
-			_, diags = agent.Bind(p, kinds)
-		}
+		_, diags := bindPlan(tc.src, []agent.Kind{DriverKind(Host{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
 		if !diags.HasErrors() || !strings.Contains(diags.Error(), tc.want) {
 			t.Errorf("%s:\ndiagnostics %v, want %q", tc.src, diags, tc.want)
 		}

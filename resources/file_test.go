@@ -8,26 +8,12 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/state"
-	"github.com/agent-dev/agent/plans"
 )
 
 // applyPlan loads src, applies it and returns the report; dir is the plan directory.
 func applyPlan(t *testing.T, dir, src string) (*agent.Report, *agent.Engine) {
 	t.Helper()
-	p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(src)}},
-		plans.Options{Schemas: agent.Schemas(Kinds()), Vars: []string{"root=" + dir}})
-	if diags.HasErrors() {
-		t.Fatal(diags.Error())
-	}
-	store, err := state.Open(filepath.Join(dir, ".state"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := agent.New(p, Kinds(), store, agent.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := engine(t, dir, src)
 	return e.Apply(context.Background(), nil), e
 }
 
@@ -184,11 +170,7 @@ mode = "0999"`, "Invalid mode"},
 	}
 	for _, tt := range tests {
 		src := "file \"a\" {\n" + tt.body + "\n}\n"
-		p, diags := plans.LoadSources(".", []plans.Source{{Name: "p.hcl", Data: []byte(src)}}, plans.Options{Schemas: agent.Schemas(Kinds())})
-		if diags.HasErrors() {
-			t.Fatalf("%s: %s", tt.want, diags.Error())
-		}
-		_, diags = agent.Bind(p, Kinds())
+		_, diags := bindPlan(src, Kinds())
 		if !diags.HasErrors() || diags[0].Summary != tt.want || diags[0].Subject == nil {
 			t.Errorf("Bind(%q) = %v, want %q with a source range", tt.body, diags, tt.want)
 		}

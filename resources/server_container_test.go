@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/testbin"
-	"github.com/agent-dev/agent/plans"
 )
 
 // The fake SGLang server built statically, to run in the busybox container.
@@ -112,16 +110,7 @@ func (h *ctrSrvHarness) engine(withServer bool, vars ...string) *agent.Engine {
 		src += ctrSrvServer
 	}
 	vars = append([]string{"incus_socket=" + h.d.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-	p, diags := plans.LoadSources(h.dir, []plans.Source{{Name: filepath.Join(h.dir, "plan.hcl"), Data: []byte(src)}},
-		plans.Options{Schemas: agent.Schemas(KindsFor(Host{})), Vars: vars})
-	if diags.HasErrors() {
-		h.t.Fatal(diags.Error())
-	}
-	e, err := agent.New(p, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return e
+	return testEngine(h.t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 }
 
 // step returns the server's step of a report.

@@ -9,8 +9,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
-	"github.com/agent-dev/agent/internal/state"
-	"github.com/agent-dev/agent/plans"
 )
 
 // staticGPU is an NVML view that never changes.
@@ -68,15 +66,7 @@ func TestServerPreflight(t *testing.T) {
 }
 `
 			kinds := []agent.Kind{ServerKind(Host{GPU: staticGPU{tt.info}})}
-			p, diags := plans.LoadSources(dir, []plans.Source{{Name: filepath.Join(dir, "plan.hcl"), Data: []byte(src)}}, plans.Options{Schemas: agent.Schemas(kinds)})
-			if diags.HasErrors() {
-				t.Fatal(diags.Error())
-			}
-			store, _ := state.Open(filepath.Join(dir, "state"))
-			e, err := agent.New(p, kinds, store, agent.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			e := testEngine(t, dir, src, kinds, openStore(t, filepath.Join(dir, "state")), agent.Options{})
 			st := e.Plan(context.Background()).Steps[0]
 			if tt.wantErr != "" {
 				if st.Err == nil || !strings.Contains(st.Err.Error(), tt.wantErr) || !strings.Contains(st.Err.Error(), "GiB") {

@@ -16,7 +16,6 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
-	"github.com/agent-dev/agent/plans"
 )
 
 // The fake SGLang server, built once per test binary (into a temporary directory left
@@ -130,16 +129,7 @@ func (h *srvHarness) logs() string { return filepath.Join(h.dir, "logs") }
 func (h *srvHarness) engine(vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	p, diags := plans.LoadSources(h.dir, []plans.Source{{Name: filepath.Join(h.dir, "plan.hcl"), Data: []byte(srvPlan)}},
-		plans.Options{Schemas: agent.Schemas(KindsFor(Host{})), Vars: vars})
-	if diags.HasErrors() {
-		h.t.Fatal(diags.Error())
-	}
-	e, err := agent.New(p, KindsFor(Host{}), h.store, agent.Options{})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return e
+	return testEngine(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, agent.Options{}, vars...)
 }
 
 func (h *srvHarness) plan(vars ...string) *agent.Step {
@@ -432,11 +422,7 @@ server "a" {
   ready { timeout = "soon" }
 }
 `
-	p, diags := plans.LoadSources("/x", []plans.Source{{Name: "/x/plan.hcl", Data: []byte(src)}}, plans.Options{Schemas: agent.Schemas(KindsFor(Host{}))})
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	_, diags = agent.Bind(p, KindsFor(Host{}))
+	_, diags := bindPlan(src, KindsFor(Host{}))
 	var msg string
 	for _, d := range diags {
 		msg += d.Summary + ": " + d.Detail + "\n"
