@@ -336,8 +336,15 @@ func TestNVMLWaitReleased(t *testing.T) {
 				}
 				return nvml.SUCCESS
 			}
-			deadline := time.Now().Add(300 * time.Millisecond)
-			err := WaitReleased(context.Background(), NewNVML(s), []int{4242, 4243}, deadline, 10*time.Millisecond)
+			// As in TestWaitReleased: a distant deadline for the success, an hour's poll
+			// for the failure (the last look is at the deadline), a context to bound both.
+			deadline, poll := time.Now().Add(time.Minute), 10*time.Millisecond
+			if tc.wantErr != nil {
+				deadline, poll = time.Now().Add(300*time.Millisecond), time.Hour
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := WaitReleased(ctx, NewNVML(s), []int{4242, 4243}, deadline, poll)
 			if tc.wantErr == nil {
 				if err != nil {
 					t.Fatalf("WaitReleased: %v", err)
@@ -357,8 +364,11 @@ func TestNVMLWaitReleased(t *testing.T) {
 				if strings.Contains(err.Error(), "31337") {
 					t.Errorf("error %q names a process that is not ours", err)
 				}
-				if late := time.Since(deadline); late > 200*time.Millisecond {
-					t.Errorf("returned %v after the deadline", late)
+				if late := time.Since(deadline); late > 20*time.Second {
+					t.Errorf("returned %v after the deadline, want at it (not a poll interval later)", late)
+				}
+				if n := len(s.InitCalls()); n != 2 {
+					t.Errorf("%d polls, want 2: at the start and at the deadline", n)
 				}
 			}
 			if i, sd := len(s.InitCalls()), len(s.ShutdownCalls()); i != sd {

@@ -43,8 +43,16 @@ func TestWaitReleased(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			obs := &script{answers: tc.answers}
-			deadline := time.Now().Add(200 * time.Millisecond)
-			err := WaitReleased(context.Background(), obs, tc.pids, deadline, 5*time.Millisecond)
+			// Successes poll often against a distant deadline, so a slow machine
+			// cannot make them late. Failures poll once an hour against a near
+			// deadline: the last look must come at the deadline, not a poll later.
+			deadline, poll := time.Now().Add(time.Minute), 5*time.Millisecond
+			if tc.wantErr != nil {
+				deadline, poll = time.Now().Add(200*time.Millisecond), time.Hour
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // bounds a wrong wait
+			defer cancel()
+			err := WaitReleased(ctx, obs, tc.pids, deadline, poll)
 			late := time.Since(deadline)
 			switch {
 			case tc.wantErr == nil && err != nil:
@@ -61,8 +69,11 @@ func TestWaitReleased(t *testing.T) {
 				if strings.Contains(err.Error(), "pid 1 ") || strings.Contains(err.Error(), "9999") {
 					t.Errorf("error %q names a process that holds nothing of ours", err)
 				}
-				if late < 0 || late > 150*time.Millisecond {
-					t.Errorf("returned %v after the deadline, want at it", late)
+				if late < 0 || late > 20*time.Second {
+					t.Errorf("returned %v after the deadline, want at it (not a poll interval later)", late)
+				}
+				if obs.Calls() != 2 {
+					t.Errorf("Observe called %d times, want 2: at the start and at the deadline", obs.Calls())
 				}
 			}
 			if tc.wantCalls != 0 && obs.Calls() != tc.wantCalls {
@@ -75,18 +86,41 @@ func TestWaitReleased(t *testing.T) {
 	}
 }
 
+// cancelAfterFirst answers from script and cancels the context once it has answered
+// once: the context ends while WaitReleased waits to poll again, however slow the
+// machine.
+type cancelAfterFirst struct {
+	*script
+	cancel context.CancelFunc
+}
+
+func (c cancelAfterFirst) Observe(ctx context.Context) (Info, error) {
+	info, err := c.script.Observe(ctx)
+	c.cancel()
+	return info, err
+}
+
 func TestWaitReleasedContextEndsTheWait(t *testing.T) {
 	t.Parallel()
-	obs := &script{answers: []Info{holding(Process{PID: 4242, UsedMemory: 1 << 30})}}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	err := WaitReleased(ctx, obs, []int{4242}, time.Now().Add(time.Hour), 5*time.Millisecond)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "pid 4242 holds 1.0 GiB") {
-		t.Errorf("WaitReleased = %v, want context.DeadlineExceeded naming pid 4242", err)
+	held := holding(Process{PID: 4242, UsedMemory: 1 << 30})
+
+	// Ended while waiting between polls: the error names what was held.
+	ctx, cancel := context.WithCancel(context.Background())
+	obs := cancelAfterFirst{&script{answers: []Info{held}}, cancel}
+	err := WaitReleased(ctx, obs, []int{4242}, time.Now().Add(time.Hour), time.Hour)
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "pid 4242 holds 1.0 GiB") {
+		t.Errorf("WaitReleased = %v, want context.Canceled naming pid 4242 and its memory", err)
 	}
-	if time.Since(start) > 10*time.Second {
-		t.Error("the context did not end the wait")
+	if obs.Calls() != 1 {
+		t.Errorf("Observe called %d times, want 1", obs.Calls())
+	}
+
+	// Ended before the first observation: the error names the pids waited on.
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	err = WaitReleased(ctx, &script{answers: []Info{held}}, []int{4242}, time.Now().Add(time.Hour), time.Hour)
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "pid 4242") {
+		t.Errorf("WaitReleased = %v, want context.Canceled naming pid 4242", err)
 	}
 }
 
