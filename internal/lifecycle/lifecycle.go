@@ -290,7 +290,7 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
 	}
 	logPath := l.HostPath(x.LogPath)
-	if tail, err := Tail(logPath, TailLines); err == nil {
+	if tail, err := Excerpt(logPath, TailLines); err == nil {
 		e.Tail = tail
 	}
 	if f, ok := Failure(logPath); ok {

@@ -121,6 +121,77 @@ func Tail(path string, n int) ([]string, error) {
 	return lines, nil
 }
 
+// Excerpt returns the last n lines of the file at path for an error to quote. A run of
+// consecutive lines that differ only in their leading "[timestamp]" counts as one: its
+// last line, marked with the run's length. While a server loads, the agent's own
+// readiness probes fill its access log with "GET /health ... 503" once a poll; without
+// this, a readiness timeout would quote twenty of those and not what the server said.
+func Excerpt(path string, n int) ([]string, error) {
+	lines, err := lastLines(path, tailBytes)
+	if err != nil {
+		return nil, err
+	}
+	lines = collapseRepeats(lines)
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines, nil
+}
+
+// collapseRepeats replaces each run of lines equal but for their timestamp with the
+// run's last line, followed by "  (× N)".
+func collapseRepeats(lines []string) []string {
+	var out []string
+	for i := 0; i < len(lines); {
+		key := withoutTimestamp(lines[i])
+		j := i + 1
+		for j < len(lines) && withoutTimestamp(lines[j]) == key {
+			j++
+		}
+		last := lines[j-1]
+		if j-i > 1 {
+			last += fmt.Sprintf("  (× %d)", j-i)
+		}
+		out = append(out, last)
+		i = j
+	}
+	return out
+}
+
+// withoutTimestamp drops a leading "[...]" (SGLang's and uvicorn's timestamp, as in
+// "[2026-05-09 09:22:05 TP0] ...") so that lines that differ only there compare equal.
+// A bracket that holds a rank ("TP0") is kept in the key, so ranks stay apart.
+func withoutTimestamp(line string) string {
+	if !strings.HasPrefix(line, "[") {
+		return line
+	}
+	end := strings.IndexByte(line, ']')
+	if end < 0 {
+		return line
+	}
+	fields := strings.Fields(line[1:end])
+	if len(fields) < 2 || !isTimestamp(fields[0], fields[1]) {
+		return line
+	}
+	return strings.Join(fields[2:], " ") + line[end:]
+}
+
+// isTimestamp reports a "YYYY-MM-DD HH:MM:SS" pair, the shape SGLang writes.
+func isTimestamp(date, clock string) bool {
+	digits := func(s, shape string) bool {
+		if len(s) != len(shape) {
+			return false
+		}
+		for i := range len(shape) {
+			if shape[i] == '9' && (s[i] < '0' || s[i] > '9') || shape[i] != '9' && s[i] != shape[i] {
+				return false
+			}
+		}
+		return true
+	}
+	return digits(date, "9999-99-99") && (digits(clock, "99:99:99") || len(clock) > 8 && digits(clock[:8], "99:99:99"))
+}
+
 func lastLines(path string, limit int64) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
