@@ -55,7 +55,11 @@ total=0
 detail=()
 for target in plans:FuzzLoad internal/sglang:FuzzParseLine internal/proc:FuzzParseStat internal/incus:FuzzDecodeResponse resources:FuzzHubList; do
 	pkg=${target%%:*} name=${target##*:}
-	if go test "./$pkg" -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" >"$log" 2>&1; then
+	# A duration-limited run can end in a bare "context deadline exceeded" with no failing
+	# input, a race in Go 1.26's fuzz coordinator (golang/go#75804), not a finding: it
+	# counts as a run without failure. A real failure writes its input under testdata/fuzz.
+	if go test "./$pkg" -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" >"$log" 2>&1 ||
+		{ grep -q '^    context deadline exceeded$' "$log" && ! grep -q 'Failing input written' "$log"; }; then
 		n=$(grep -o 'execs: [0-9]*' "$log" | tail -n1 | grep -o '[0-9]*')
 		total=$((total + ${n:-0}))
 		detail+=("$name ${n:-0}")

@@ -21,9 +21,15 @@ export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go vet ./...
 go test -count=1 -timeout 30m ./...
 
-# A few seconds of each parser's fuzz target (the seed corpora already ran above).
-for target in ./plans:FuzzLoad ./internal/proc:FuzzParseStat ./internal/sglang:FuzzParseLine; do
+# A few seconds of each parser's fuzz target (the seed corpora already ran above). The
+# budget is a number of executions, not a duration: Go 1.26's fuzz coordinator can fail a
+# duration-limited run with a bare "context deadline exceeded" and no failing input when
+# the deadline lands while a worker is busy (golang/go#75804), which a loaded CI machine
+# makes likely. FUZZTIME overrides every budget (e.g. FUZZTIME=60s for a longer look).
+for target in ./plans:FuzzLoad:15000 ./internal/proc:FuzzParseStat:50000 ./internal/sglang:FuzzParseLine:100000; do
 	pkg=${target%%:*}
-	name=${target##*:}
-	go test -run '^$' -fuzz "^${name}\$" -fuzztime "${FUZZTIME:-5s}" "$pkg"
+	rest=${target#*:}
+	name=${rest%%:*}
+	execs=${rest#*:}
+	go test -run '^$' -fuzz "^${name}\$" -fuzztime "${FUZZTIME:-${execs}x}" "$pkg"
 done
