@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/big"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -21,6 +20,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/cmdline"
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
@@ -297,42 +297,32 @@ func renderFlags(v cty.Value) ([]serverFlag, int, string) {
 	for k, val := range v.AsValueMap() {
 		name := strings.TrimPrefix(k, "--")
 		f := serverFlag{name: name}
+		var value any
 		switch {
 		case val.IsNull():
 			continue
 		case val.Type() == cty.String:
-			f.argv = []string{"--" + name, val.AsString()}
+			value = val.AsString()
 			f.display = strconv.Quote(val.AsString())
 		case val.Type() == cty.Number:
-			s := numberText(val.AsBigFloat())
-			f.argv = []string{"--" + name, s}
-			f.display = s
+			value = val.AsBigFloat()
+			f.display = cmdline.Number(val.AsBigFloat())
 			if name == "port" {
-				port, _ = strconv.Atoi(s)
+				port, _ = strconv.Atoi(f.display)
 			}
 		case val.Type() == cty.Bool:
+			value = val.True()
 			f.display = strconv.FormatBool(val.True())
-			if val.True() {
-				f.argv = []string{"--" + name}
-			}
 		default:
 			problems = append(problems, fmt.Sprintf("flags[%q] is a %s; a flag is a string, a number or a boolean (true: a bare --%s, false: omitted).", k, val.Type().FriendlyName(), name))
 			continue
 		}
+		f.argv, _ = cmdline.Flag(name, value) // value is one of Flag's types
 		out = append(out, f)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	sort.Strings(problems)
 	return out, port, strings.Join(problems, " ")
-}
-
-func numberText(f *big.Float) string {
-	if f.IsInt() {
-		i, _ := f.Int(nil)
-		return i.String()
-	}
-	x, _ := f.Float64()
-	return strconv.FormatFloat(x, 'f', -1, 64)
 }
 
 // sampling turns the sampling map into JSON values.
@@ -545,43 +535,13 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 	if !slices.Equal(rec.Command, want.Command) {
 		add(agent.Set("command", listText(rec.Command), listText(want.Command)))
 	}
-	for _, k := range unionKeys(rec.Flags, want.Flags) {
-		attr := fmt.Sprintf("flags[%q]", k)
-		o, hadOld := rec.Flags[k]
-		n, hasNew := want.Flags[k]
-		var c agent.Change
-		switch {
-		case hadOld && hasNew && o != n:
-			c = agent.Change{Attr: attr, Old: o, New: n, HasOld: true, HasNew: true}
-		case hadOld && !hasNew:
-			c = agent.Change{Attr: attr, Old: o, HasOld: true}
-		case !hadOld && hasNew:
-			c = agent.Change{Attr: attr, New: n, HasNew: true}
-		default:
-			continue
-		}
-		c.Sensitive = s.flagsSensitive
+	for _, c := range keyChanges("flags", rec.Flags, want.Flags, func(v string) string { return v }, s.flagsSensitive) {
 		add(c)
 	}
 	if !slices.Equal(rec.Args, want.Args) {
 		add(agent.Set("args", listText(rec.Args), listText(want.Args)))
 	}
-	for _, k := range unionKeys(rec.Env, want.Env) {
-		attr := fmt.Sprintf("env[%q]", k)
-		o, hadOld := rec.Env[k]
-		n, hasNew := want.Env[k]
-		var c agent.Change
-		switch {
-		case hadOld && hasNew && o != n:
-			c = agent.Set(attr, o, n)
-		case hadOld && !hasNew:
-			c = agent.Removed(attr, o)
-		case !hadOld && hasNew:
-			c = agent.Added(attr, n)
-		default:
-			continue
-		}
-		c.Sensitive = s.envSensitive
+	for _, c := range keyChanges("env", rec.Env, want.Env, func(v string) string { return agent.Render(v) }, s.envSensitive) {
 		add(c)
 	}
 	if rec.Workdir != want.Workdir {
@@ -592,6 +552,29 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 	}
 	if len(out) == 0 && !slices.Equal(rec.Argv, want.Argv) {
 		add(agent.Set("argv", listText(rec.Argv), listText(want.Argv)))
+	}
+	return out
+}
+
+// keyChanges is the per-key difference of two maps, in key order, as changes of
+// name["key"] whose values are written by text (flags are recorded as they appear on
+// the command line; env values are quoted).
+func keyChanges(name string, old, new map[string]string, text func(string) string, sensitive bool) []agent.Change {
+	var out []agent.Change
+	for _, k := range unionKeys(old, new) {
+		o, hadOld := old[k]
+		n, hasNew := new[k]
+		if hadOld && hasNew && o == n {
+			continue
+		}
+		c := agent.Change{Attr: fmt.Sprintf("%s[%q]", name, k), HasOld: hadOld, HasNew: hasNew, Sensitive: sensitive}
+		if hadOld {
+			c.Old = text(o)
+		}
+		if hasNew {
+			c.New = text(n)
+		}
+		out = append(out, c)
 	}
 	return out
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/google/go-cmp/cmp"
 )
 
 // The fake SGLang server, built once per test binary (into a temporary directory left
@@ -471,5 +472,25 @@ func TestServerUnhealthyPastGraceIsRelaunched(t *testing.T) {
 	mustOK(t, h.apply(vars...))
 	if r := h.record(); r.Generation != 2 || alive(first.id()) || !alive(r.id()) {
 		t.Errorf("after the relaunch: record %+v, old alive %v", r, alive(first.id()))
+	}
+}
+
+// Flags are shown as they go on the command line, env values quoted; unchanged keys
+// are not changes; sensitive maps mark every change.
+func TestKeyChanges(t *testing.T) {
+	t.Parallel()
+	quote := func(v string) string { return agent.Render(v) }
+	got := keyChanges("env", map[string]string{"A": "1", "B": "x", "C": "same"}, map[string]string{"B": "y", "C": "same", "D": "new"}, quote, true)
+	want := []agent.Change{
+		{Attr: `env["A"]`, Old: `"1"`, HasOld: true, Sensitive: true},
+		{Attr: `env["B"]`, Old: `"x"`, New: `"y"`, HasOld: true, HasNew: true, Sensitive: true},
+		{Attr: `env["D"]`, New: `"new"`, HasNew: true, Sensitive: true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("env changes (-want +got):\n%s", diff)
+	}
+	got = keyChanges("flags", map[string]string{"mem-fraction-static": "0.8"}, map[string]string{"mem-fraction-static": "0.85"}, func(v string) string { return v }, false)
+	if len(got) != 1 || got[0].Old != "0.8" || got[0].New != "0.85" || got[0].Sensitive {
+		t.Errorf("flag changes %+v", got)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/cmdline"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -213,7 +214,7 @@ func flagValue(v any) string {
 	case bool:
 		return fmt.Sprint(x)
 	case float64:
-		return numberText(big.NewFloat(x))
+		return cmdline.Number(big.NewFloat(x))
 	case string:
 		return str(x)
 	}

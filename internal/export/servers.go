@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agent-dev/agent/internal/cmdline"
 	"github.com/agent-dev/agent/internal/proc"
 )
 
@@ -125,7 +126,7 @@ func parseFlags(argv []string, at int) (flags map[string]any, canonical bool, pr
 			flags[name] = true
 		}
 	}
-	if got := render(argv[:at], flags); !slices.Equal(got, argv) {
+	if got, err := cmdline.Render(argv[:at], flags); err != nil || !slices.Equal(got, argv) {
 		return flags, false, "the flags are not in the order the agent renders them (sorted by name, --name value)"
 	}
 	return flags, true, ""
@@ -145,44 +146,11 @@ func isValue(tok string) bool {
 // the same text, else the string.
 func value(s string) any {
 	f, ok := new(big.Float).SetPrec(512).SetString(s)
-	if !ok || numberText(f) != s {
+	if !ok || cmdline.Number(f) != s {
 		return s
 	}
 	x, _ := f.Float64()
 	return x
-}
-
-// numberText renders a number as the server resource does.
-func numberText(f *big.Float) string {
-	if f.IsInt() {
-		i, _ := f.Int(nil)
-		return i.String()
-	}
-	x, _ := f.Float64()
-	return strconv.FormatFloat(x, 'f', -1, 64)
-}
-
-// render is the argv the server resource launches for command and flags.
-func render(command []string, flags map[string]any) []string {
-	out := slices.Clone(command)
-	names := make([]string, 0, len(flags))
-	for k := range flags {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		switch v := flags[k].(type) {
-		case bool:
-			if v {
-				out = append(out, "--"+k)
-			}
-		case float64:
-			out = append(out, "--"+k, numberText(big.NewFloat(v)))
-		case string:
-			out = append(out, "--"+k, v)
-		}
-	}
-	return out
 }
 
 // secretKey matches environment names whose values are secrets.
