@@ -178,7 +178,8 @@ echo "$!"
 // stoppedScript is the inner shell's script, as its command line shows it.
 const stoppedScript = `kill -STOP $$ && exec "$@"`
 
-// DefaultPath is the PATH of a server inside a container, unless declared.
+// DefaultPath is the PATH of a server inside a container, unless declared, and on the
+// host when the agent itself has none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Start launches s inside the instance; see Incus.
@@ -337,19 +338,7 @@ func (r *Incus) identify(ctx context.Context, init proc.Identity, nsPID int, tag
 // variables over them, sorted, then the marker. Nothing comes from the agent's own
 // environment or from Incus's defaults: the identity is the declared one.
 func (r *Incus) environ(s Spec, home string) []string {
-	m := map[string]string{"PATH": DefaultPath, "HOME": home}
-	for k, v := range s.Env {
-		m[k] = v
-	}
-	out := make([]string, 0, len(m)+1)
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	slices.Sort(out)
-	if s.Marker != "" {
-		out = append(out, s.Marker)
-	}
-	return out
+	return s.environOver(map[string]string{"PATH": DefaultPath, "HOME": home})
 }
 
 // lookupUser resolves a user name (or a uid) in the instance's /etc/passwd.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"os/user"
@@ -37,20 +38,24 @@ type Spec struct {
 // Everything else must be declared, so the launched identity is the declared one.
 var BaseEnv = []string{"PATH", "HOME", "LANG", "LC_ALL", "TZ"}
 
-// Environ returns the environment the process is started with, sorted.
+// Environ returns the environment the process is started with on the host: BaseEnv
+// from the agent's own (PATH defaulting to DefaultPath), the declared variables over
+// it, sorted, then the marker.
 func (s Spec) Environ() []string {
-	m := map[string]string{}
+	base := map[string]string{"PATH": DefaultPath}
 	for _, k := range BaseEnv {
 		if v, ok := os.LookupEnv(k); ok {
-			m[k] = v
+			base[k] = v
 		}
 	}
-	if _, ok := m["PATH"]; !ok {
-		m["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	}
-	for k, v := range s.Env {
-		m[k] = v
-	}
+	return s.environOver(base)
+}
+
+// environOver returns base with the declared variables over it, as sorted KEY=VALUE
+// entries, then the marker (last, so that it is never sorted among them).
+func (s Spec) environOver(base map[string]string) []string {
+	m := maps.Clone(base)
+	maps.Copy(m, s.Env)
 	out := make([]string, 0, len(m)+1)
 	for k, v := range m {
 		out = append(out, k+"="+v)
