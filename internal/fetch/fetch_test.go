@@ -192,6 +192,22 @@ func TestFaults(t *testing.T) {
 			expect: bigger, unknownSize: true, wantRestarts: 1, maxRefetch: -1},
 		{name: "changed content with the old sha fails", fault: fetchtest.Fault{DropAfter: 100 << 10, Times: 1, ChangeAfter: 1, Next: next},
 			wantErr: fetch.ErrChecksum, maxRefetch: -1},
+		// Neither HEAD nor ranges: the partial file must start over, and that is a restart
+		// (its sidecar goes first, so no crash pairs the old hash state with new bytes).
+		{name: "no HEAD, no ranges: a drop restarts from zero", fault: fetchtest.Fault{RefuseHEAD: true, IgnoreRange: true, DropAfter: 200 << 10, Times: 1},
+			expect: data, wantRestarts: 1, maxRefetch: -1},
+		// A 503 to the HEAD that precedes a resume used to send grab to a plain GET whose
+		// whole file replaced the partial one.
+		{name: "busy HEAD keeps the partial", fault: fetchtest.Fault{DropAfter: 200 << 10, Times: 1, BusyHEAD: 2}, expect: data, maxRefetch: ckpt},
+		// A close-delimited body cut short ends without an error: its bytes are hashed and
+		// correct, and used to be thrown away as a size mismatch.
+		{name: "body ending cleanly but short resumes", fault: fetchtest.Fault{EndCleanlyAfter: 200 << 10, Times: 1}, expect: data, maxRefetch: ckpt},
+		// No Content-Length and no end: reading stops at the file's size instead of filling
+		// the disk (every case's server may send at most 64 MiB, below); the bytes up to
+		// the size are the file, and the sha256 says so.
+		{name: "body longer than the file is cut off at its size", fault: fetchtest.Fault{Overflow: 256 << 20}, expect: data, maxRefetch: -1},
+		{name: "longer body of the wrong file is cut off and fails", fault: fetchtest.Fault{Overflow: 256 << 20, Corrupt: true},
+			wantErr: fetch.ErrChecksum, maxRefetch: -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -210,6 +226,9 @@ func TestFaults(t *testing.T) {
 			opts.StallTimeout = 200 * time.Millisecond
 			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
 			fr := res.Files[0]
+			if sent := s.Stats("/model.bin").BytesSent; sent > 64<<20 {
+				t.Errorf("the server got to send %d bytes for a %d-byte file", sent, size)
+			}
 			if tc.expect == nil {
 				if err == nil {
 					t.Fatalf("Fetch succeeded, want an error")
@@ -658,5 +677,38 @@ func TestResumeWithoutHEAD(t *testing.T) {
 				t.Errorf("re-fetched %d bytes, want under one checkpoint (%d) plus the probe's byte", refetch, ckpt)
 			}
 		})
+	}
+}
+
+// A file verified and renamed into place whose manifest entry cannot be written is not
+// fetched again: the error says it is in place, and the next run verifies it by reading.
+func TestManifestFailureDoesNotRefetch(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	dest := t.TempDir()
+	data := content(256<<10, 40)
+	f := add(s, "model.bin", data)
+	// The manifest is written through a temporary file; a directory in its way fails it.
+	if err := os.Mkdir(filepath.Join(dest, ".agent-manifest.json.tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := fetch.Fetch(t.Context(), []fetch.File{f}, testOptions(dest))
+	if err == nil || !strings.Contains(err.Error(), "model.bin is in place and verified, but recording it in the manifest failed") {
+		t.Fatalf("Fetch = %v, want the manifest failure, saying the file is in place", err)
+	}
+	wantFile(t, dest, "model.bin", data)
+	if st := s.Stats("/model.bin"); st.GETs != 1 {
+		t.Errorf("%d GETs, want 1: a verified file was fetched again", st.GETs)
+	}
+
+	if err := os.Remove(filepath.Join(dest, ".agent-manifest.json.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := fetch.Fetch(t.Context(), []fetch.File{f}, testOptions(dest))
+	if err != nil {
+		t.Fatalf("next run: %v", err)
+	}
+	if st := s.Stats("/model.bin"); st.GETs != 1 || res.Files[0].Fetched != 0 {
+		t.Errorf("next run fetched %d bytes (%d GETs), want it to verify the file in place", res.Files[0].Fetched, st.GETs)
 	}
 }

@@ -163,6 +163,11 @@ func (b *hashBody) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := b.rc.Read(p)
+	if b.st.size >= 0 && b.st.off+int64(n) > b.st.size {
+		// More than the file's size: a broken or hostile server (with no Content-Length
+		// to catch it earlier) must not fill the disk. Nothing of this read is kept.
+		return 0, fmt.Errorf("%w: the server sends more than the %d bytes expected", ErrSize, b.st.size)
+	}
 	if n > 0 {
 		b.st.h.Write(p[:n])
 		b.st.off += int64(n)

@@ -224,7 +224,19 @@ func (r *run) beforeCopy(t *task, st *partialState, resp *grab.Response) error {
 		if t.f.Size >= 0 && hr.ContentLength >= 0 && hr.ContentLength != t.f.Size {
 			return fmt.Errorf("%w: server sends %d bytes, expected %d", ErrSize, hr.ContentLength, t.f.Size)
 		}
-		// grab truncates an existing partial file after this hook: start over.
+		// grab truncates an existing partial file after this hook: start over. The server
+		// does not resume (no ranges), so any partial file starts from zero: its sidecar
+		// goes first, durably, so that no crash can pair the old hash state with new bytes.
+		if st.off > 0 || st.ckOff > 0 {
+			l := layoutOf(t.f.Name)
+			if err := r.root.Remove(l.sidecar); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("remove sidecar: %w", err)
+			}
+			if err := r.syncDir(l.dir); err != nil {
+				return fmt.Errorf("sync directory: %w", err)
+			}
+			t.fr.Restarts++
+		}
 		*st = partialState{h: sha256.New(), size: t.f.Size, etag: etag}
 		if st.size < 0 {
 			st.size = hr.ContentLength
@@ -254,6 +266,14 @@ func (r *run) finish(t *task, st *partialState) error {
 		return fmt.Errorf("stat partial file: %w", err)
 	}
 	sum := hex.EncodeToString(st.h.Sum(nil))
+	if fi.Size() == st.off && st.size >= 0 && st.off < st.size {
+		// The body ended early but cleanly (a close-delimited or chunked answer cut
+		// short): what arrived is hashed and kept, and the next attempt resumes from it.
+		if err := r.checkpoint(t.f, st); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the body ended after %d of %d bytes", io.ErrUnexpectedEOF, st.off, st.size)
+	}
 	var bad error
 	switch {
 	case fi.Size() != st.off:
@@ -296,7 +316,9 @@ func (r *run) finish(t *task, st *partialState) error {
 	}
 	e, err := r.record(t.f, sum)
 	if err != nil {
-		return err
+		// The file is verified and in place; fetching it again would not help. The next
+		// run finds it without a manifest entry and verifies it by reading it.
+		return &permanentError{fmt.Errorf("%s is in place and verified, but recording it in the manifest failed: %w", t.f.Name, err)}
 	}
 	t.fr.Size, t.fr.SHA256 = e.Size, e.SHA256
 	t.done.Store(e.Size)
@@ -474,10 +496,24 @@ func (ft *fileTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if out.Method == http.MethodHead && headRefused(resp) {
 		return ft.probe(out, resp)
 	}
+	if out.Method == http.MethodHead && transientStatus(resp.StatusCode) {
+		// grab sends HEAD only to resume an existing partial file, and on any answer but
+		// 200 it falls back to a plain GET, whose whole file would replace the partial.
+		// A busy server is not a reason to throw away verified bytes: fail this attempt,
+		// and the next one resumes.
+		resp.Body.Close()
+		return nil, fmt.Errorf("HEAD answered %s (the partial file is kept for the next attempt)", resp.Status)
+	}
 	if out.Method == http.MethodGet && (resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusPartialContent) {
 		resp.Body = &hashBody{rc: resp.Body, r: ft.r, t: ft.t, last: ft.last}
 	}
 	return resp, nil
+}
+
+// transientStatus reports an answer that may well be different on the next try.
+func transientStatus(code int) bool {
+	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests ||
+		code >= 500 && code != http.StatusNotImplemented
 }
 
 // headRefused reports a HEAD answer that says nothing about ranges: the method refused

@@ -53,6 +53,17 @@ type Fault struct {
 	DenyAuth bool
 	// RefuseHEAD answers 405 to HEAD requests, as some object stores and proxies do.
 	RefuseHEAD bool
+	// BusyHEAD answers the first BusyHEAD HEAD requests with 503, as a loaded server or
+	// CDN edge does now and then.
+	BusyHEAD int
+
+	// EndCleanlyAfter > 0 sends no Content-Length and closes the connection cleanly after
+	// this many body bytes: a close-delimited body cut short, which the client reads as
+	// a normal end of the body.
+	EndCleanlyAfter int64
+	// Overflow > 0 sends no Content-Length (chunked) and this many more bytes after the
+	// body, as a broken or hostile server would.
+	Overflow int64
 }
 
 // Stats counts what a path was asked for and what it sent.
@@ -183,6 +194,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
+		if e.stats.HEADs <= f.BusyHEAD {
+			s.mu.Unlock()
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
 	case http.MethodGet:
 		e.stats.GETs++
 		if r.Header.Get("Range") != "" {
@@ -201,6 +217,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet || (f.Times > 0 && e.faulted > f.Times) {
 		p.fault.DropAfter, p.fault.Truncate = 0, 0
 		p.fault.Corrupt, p.fault.Stall, p.fault.Gzip = false, 0, false
+		p.fault.EndCleanlyAfter, p.fault.Overflow = 0, 0
 	}
 	s.mu.Unlock()
 	s.respond(w, r, e, p)
@@ -251,6 +268,21 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		_ = zw.Close()
 		return
 	}
+	if p.fault.EndCleanlyAfter > 0 {
+		s.endCleanly(w, status, body[:min(p.fault.EndCleanlyAfter, int64(len(body)))], e)
+		return
+	}
+	if p.fault.Overflow > 0 {
+		w.WriteHeader(status) // no Content-Length: chunked
+		_, _ = cw.Write(body)
+		junk := make([]byte, 32<<10)
+		for n := int64(0); n < p.fault.Overflow; n += int64(len(junk)) {
+			if _, err := cw.Write(junk); err != nil {
+				return
+			}
+		}
+		return
+	}
 	h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
 	w.WriteHeader(status)
 	var sent int64
@@ -286,6 +318,28 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		panic(http.ErrAbortHandler)
 	}
 	send(int64(len(body)))
+}
+
+// endCleanly writes a close-delimited response (no Content-Length, no chunking) with
+// body, then closes the connection: the client sees a clean end of a short body.
+func (s *Server) endCleanly(w http.ResponseWriter, status int, body []byte, e *entry) {
+	conn, bw, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	fmt.Fprintf(bw, "HTTP/1.1 %d %s\r\nConnection: close\r\n", status, http.StatusText(status))
+	for k, vs := range w.Header() {
+		for _, v := range vs {
+			fmt.Fprintf(bw, "%s: %s\r\n", k, v)
+		}
+	}
+	bw.WriteString("\r\n")
+	n, _ := bw.Write(body)
+	bw.Flush()
+	s.mu.Lock()
+	e.stats.BytesSent += int64(n)
+	s.mu.Unlock()
 }
 
 // parseRange parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" range.
