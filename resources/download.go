@@ -2,11 +2,9 @@ package resources
 
 import (
 	"context"
-	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -227,14 +225,12 @@ type downloadRecord struct {
 type downloadDetail struct {
 	files   []fetch.File
 	listing *hubListing // nil for explicit files
-	blobs   map[string]string
 }
 
 // target is the resolved set of files of a Check or Status.
 type target struct {
 	files    []fetch.File
 	listing  *hubListing
-	blobs    map[string]string // name → git blob id, for Hub files kept in git
 	warnings []string
 	fresh    bool // the listing came from the network
 }
@@ -310,7 +306,7 @@ func (d *Download) resolveTarget(ctx context.Context, env *agent.Env) (*target, 
 		}
 	}
 	// The token is attached in Apply only: Check reads no data.
-	t := &target{listing: listing, warnings: warnings, fresh: fresh, blobs: map[string]string{}}
+	t := &target{listing: listing, warnings: warnings, fresh: fresh}
 	for _, f := range listing.Files {
 		if (len(h.include) > 0 && !h.include.match(f.Path)) || h.exclude.match(f.Path) {
 			continue
@@ -321,9 +317,12 @@ func (d *Download) resolveTarget(ctx context.Context, env *agent.Env) (*target, 
 			ff.Source = fmt.Sprintf("hf://%s@%s/%s", h.repo, listing.Commit, f.Path)
 		} else {
 			// Kept in git: no sha256 from the Hub. Verified by size and by its git blob id
-			// after the download; content-addressed so a new commit that keeps it keeps it.
+			// before it is renamed into place; content-addressed so a new commit that keeps
+			// it keeps it.
 			ff.Source = fmt.Sprintf("hf://%s/%s#git-blob=%s", h.repo, f.Path, f.BlobOID)
-			t.blobs[f.Path] = f.BlobOID
+			if commitRE.MatchString(f.BlobOID) {
+				ff.GitBlob = f.BlobOID
+			}
 		}
 		t.files = append(t.files, ff)
 	}
@@ -381,7 +380,7 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 	if err != nil {
 		return nil, err
 	}
-	diff := &agent.Diff{Action: agent.Update, Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing, blobs: t.blobs}}
+	diff := &agent.Diff{Action: agent.Update, Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
 	if _, err := os.Stat(d.dest); errors.Is(err, os.ErrNotExist) {
 		diff.Action = agent.Create
 		diff.Add(agent.Added("dest", d.dest))
@@ -465,7 +464,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 				// CDN a redirect leads to.
 				files[i].Header = http.Header{"Authorization": {"Bearer " + token}}
 			}
-			if files[i].SHA256 == "" {
+			if files[i].SHA256 == "" && files[i].GitBlob == "" {
 				unverified = true
 			}
 		}
@@ -495,45 +494,11 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 		}
 		errs = append(errs, fmt.Errorf("%d of %d files not in place (verified files are kept; a re-run resumes the rest): %w", failed, len(files), ferr))
 	}
-	// Files kept in git have no sha256 from the Hub: check their git blob id (they are small).
-	for _, fr := range res.Files {
-		want, ok := det.blobs[fr.Name]
-		if !ok || fr.Action != fetch.ActionDownloaded || !commitRE.MatchString(want) {
-			continue
-		}
-		got, err := gitBlobID(fr.Path)
-		if err == nil && got != want {
-			os.Remove(fr.Path)
-			err = fmt.Errorf("%w: %s: expected git blob %s, got %s; removed", fetch.ErrChecksum, fr.Name, want, got)
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
 	rec.Progress = nil
 	if err := env.State.Save(&rec); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// gitBlobID is git's object id of a file: sha1("blob SIZE\x00" + content).
-func gitBlobID(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return "", err
-	}
-	h := sha1.New()
-	fmt.Fprintf(h, "blob %d\x00", fi.Size())
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Status reports files verified/total and bytes on disk/total from the manifest and a stat

@@ -25,9 +25,14 @@ type File struct {
 	URL string
 	// Size is the expected size in bytes, -1 when unknown.
 	Size int64
-	// SHA256 is the expected lower-case hex digest. It may be empty only with
+	// SHA256 is the expected lower-case hex digest. It may be empty only with GitBlob or
 	// Options.AllowUnverified.
 	SHA256 string
+	// GitBlob is the expected git object id (sha1 of "blob SIZE\x00" + content, 40
+	// lower-case hex digits), for files a Hub repository keeps in git rather than LFS,
+	// which have no sha256. These are small (the Hub sends larger files to LFS), so the
+	// partial file is read once more to check it, before it is renamed into place.
+	GitBlob string
 	// Header is sent with requests to the URL's own scheme and host only (Authorization),
 	// never to another host after a redirect.
 	Header http.Header

@@ -2,6 +2,7 @@ package fetch_test
 
 import (
 	"context"
+	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -710,5 +711,47 @@ func TestManifestFailureDoesNotRefetch(t *testing.T) {
 	}
 	if st := s.Stats("/model.bin"); st.GETs != 1 || res.Files[0].Fetched != 0 {
 		t.Errorf("next run fetched %d bytes (%d GETs), want it to verify the file in place", res.Files[0].Fetched, st.GETs)
+	}
+}
+
+// Files a Hub repository keeps in git have a git blob id and no sha256: they are
+// verified by it before the rename, and a wrong one never lands in place.
+func TestGitBlobVerifiedBeforeRename(t *testing.T) {
+	t.Parallel()
+	data := []byte(`{"architectures": ["Qwen3ForCausalLM"]}` + "\n")
+	blob := func(b []byte) string {
+		h := sha1.New()
+		fmt.Fprintf(h, "blob %d\x00", len(b))
+		h.Write(b)
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	for _, tc := range []struct {
+		name    string
+		gitBlob string
+		wantErr string
+	}{
+		{"right blob", blob(data), ""},
+		{"wrong blob", blob([]byte("something else")), "checksum mismatch: expected git blob " + blob([]byte("something else")) + ", got " + blob(data)},
+		{"not a blob id", "abc", `git blob "abc" is not 40 lower-case hex digits`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := serve(t)
+			dest := t.TempDir()
+			f := add(s, "config.json", data)
+			f.SHA256, f.GitBlob = "", tc.gitBlob // no AllowUnverified: the blob is the check
+			_, err := fetch.Fetch(t.Context(), []fetch.File{f}, testOptions(dest))
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantFile(t, dest, "config.json", data)
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Fetch = %v, want %q", err, tc.wantErr)
+			}
+			wantAbsent(t, dest, "config.json")
+		})
 	}
 }

@@ -42,8 +42,13 @@ func validate(files []File, opts Options) error {
 		if err := checkURL(u, opts.Insecure); err != nil {
 			return fmt.Errorf("file %q: %w", f.Name, err)
 		}
-		if f.SHA256 == "" && !opts.AllowUnverified {
+		if f.SHA256 == "" && f.GitBlob == "" && !opts.AllowUnverified {
 			return fmt.Errorf("file %q: %w (set one, or allow unverified files)", f.Name, ErrUnverified)
+		}
+		if f.GitBlob != "" {
+			if b, err := hex.DecodeString(f.GitBlob); err != nil || len(b) != 20 || strings.ToLower(f.GitBlob) != f.GitBlob {
+				return fmt.Errorf("file %q: git blob %q is not 40 lower-case hex digits", f.Name, f.GitBlob)
+			}
 		}
 		if f.SHA256 != "" {
 			if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != 32 || strings.ToLower(f.SHA256) != f.SHA256 {

@@ -2,6 +2,7 @@ package fetch
 
 import (
 	"context"
+	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -284,6 +285,14 @@ func (r *run) finish(t *task, st *partialState) error {
 		bad = fmt.Errorf("%w: received %d bytes, expected %d", ErrSize, st.off, t.f.Size)
 	case t.f.SHA256 != "" && sum != t.f.SHA256:
 		bad = fmt.Errorf("%w: expected sha256 %s, got %s", ErrChecksum, t.f.SHA256, sum)
+	case t.f.GitBlob != "":
+		got, err := r.gitBlob(l.partial)
+		if err != nil {
+			return fmt.Errorf("git blob id of the partial file: %w", err)
+		}
+		if got != t.f.GitBlob {
+			bad = fmt.Errorf("%w: expected git blob %s, got %s", ErrChecksum, t.f.GitBlob, got)
+		}
 	}
 	if bad != nil {
 		if err := r.discardPartial(t.f); err != nil {
@@ -324,6 +333,26 @@ func (r *run) finish(t *task, st *partialState) error {
 	t.done.Store(e.Size)
 	t.total.Store(e.Size)
 	return nil
+}
+
+// gitBlob is git's object id of the file at name under the root:
+// sha1("blob SIZE\x00" + content).
+func (r *run) gitBlob(name string) (string, error) {
+	f, err := r.root.Open(name)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", fi.Size())
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // verifyExisting hashes a file already in place whose stat the manifest does not vouch for.
