@@ -849,11 +849,18 @@ func (s *Server) portHolder(procs lifecycle.Procs, prev *serverRecord) (*proc.St
 	return nil, nil
 }
 
-// ours reports whether st belongs to the recorded launch: its group or session (started
-// no earlier than the leader), or it carries the launch's marker.
+// ours reports whether st belongs to the recorded launch: it carries the launch's
+// marker, or it is in the launch's group or session (started no earlier than the
+// leader) while the leader, alive or not yet reaped, still is. Without the leader the
+// group's number may have been reused by a foreign process (proc.FS.Stop follows the
+// same rule), and only the marker proves anything.
 func ours(procs lifecycle.Procs, st proc.Stat, rec *serverRecord) bool {
 	if st.StartTicks >= rec.StartTicks && ((rec.PGID != 0 && st.PGRP == rec.PGID) || (rec.SID != 0 && st.Session == rec.SID)) {
-		return true
+		leader, err := procs.Stat(rec.PID)
+		if err == nil && leader.StartTicks == rec.StartTicks &&
+			((rec.PGID != 0 && leader.PGRP == rec.PGID && st.PGRP == rec.PGID) || (rec.SID != 0 && leader.Session == rec.SID && st.Session == rec.SID)) {
+			return true
+		}
 	}
 	if rec.Marker != "" {
 		if env, err := procs.Environ(st.PID); err == nil && slices.Contains(env, rec.Marker) {

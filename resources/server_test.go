@@ -494,3 +494,73 @@ func TestKeyChanges(t *testing.T) {
 		t.Errorf("flag changes %+v", got)
 	}
 }
+
+// A process on the port is the previous launch's leftover (stopped with it) only while
+// the group or session it shares is anchored by the live leader, or when it carries the
+// launch's marker: after the leader is gone, the group's number may name a foreign
+// group that reused the PID, whose process must block the launch, not be stopped.
+func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
+	t.Parallel()
+	const marker = "AGENT_SERVER=server.qwen#1@1"
+	fs := proc.FS{}
+	// setsid runs sh as the leader of a new group and session; its child sleeps there.
+	spawn := func(t *testing.T, script string, env ...string) (leader *exec.Cmd, child proc.Stat) {
+		t.Helper()
+		cmd := exec.Command("sh", "-c", script)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		if _, err := fmt.Fscan(out, &pid); err != nil {
+			t.Fatal(err)
+		}
+		if child, err = fs.Stat(pid); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = fs.Signal(child.Identity(), syscall.SIGKILL)
+			cmd.Process.Kill()
+			cmd.Wait()
+		})
+		return cmd, child
+	}
+	const exits = "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"
+	const stays = "sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300"
+
+	t.Run("leader gone, no marker: foreign", func(t *testing.T) {
+		t.Parallel()
+		sh, child := spawn(t, exits)
+		sh.Wait() // the leader's PID is free; the child keeps its group and session
+		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
+		if ours(fs, child, rec) {
+			t.Error("a process in a group whose leader is gone was taken for the launch's")
+		}
+	})
+	t.Run("leader gone, marker: ours", func(t *testing.T) {
+		t.Parallel()
+		sh, child := spawn(t, exits, marker)
+		sh.Wait()
+		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
+		if !ours(fs, child, rec) {
+			t.Error("a leftover carrying the launch's marker was not taken for the launch's")
+		}
+	})
+	t.Run("leader alive: its group is ours", func(t *testing.T) {
+		t.Parallel()
+		sh, child := spawn(t, stays)
+		leader, err := fs.Stat(sh.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &serverRecord{PID: leader.PID, StartTicks: leader.StartTicks, PGID: leader.PGRP, SID: leader.Session}
+		if !ours(fs, child, rec) {
+			t.Error("a child in the live leader's group was not taken for the launch's")
+		}
+	})
+}

@@ -271,19 +271,28 @@ func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error
 	for _, s := range all {
 		byPID[s.PID] = s
 	}
-	// A group or session ID equal to the leader's PID is ours only while
-	// that PID is not held by a different live process: if it is, the
-	// leader's group died out and the number now names someone else's.
-	// Members of our group started no earlier than the leader.
-	ours := func(id int) bool {
-		if id != t.Leader.PID {
+	// A group or session ID names the launch's only while it is anchored: the
+	// leader (alive, or a zombie not yet reaped, as itself) or a process an
+	// earlier snapshot of this stop proved a member is in it now. The kernel
+	// does not reuse a PID that a live group or session still carries, so an
+	// anchored ID has been ours without a break. An unanchored one may have
+	// died out and been reused: a foreign process that got the leader's old
+	// PID, led its own group and left a child there would otherwise be
+	// signalled. Then only the marker (and descent from a member) proves
+	// membership. Members of our group started no earlier than the leader.
+	anchored := func(in func(Stat) bool) bool {
+		if l, ok := byPID[t.Leader.PID]; ok && l.StartTicks == t.Leader.StartTicks && in(l) {
 			return true
 		}
-		s, ok := byPID[id]
-		return !ok || s.Dead() || s.StartTicks == t.Leader.StartTicks
+		for id := range known {
+			if s, ok := byPID[id.PID]; ok && s.StartTicks == id.StartTicks && in(s) {
+				return true
+			}
+		}
+		return false
 	}
-	groupOK := t.PGID != 0 && ours(t.PGID)
-	sessionOK := t.SID != 0 && ours(t.SID)
+	groupOK := t.PGID != 0 && anchored(func(s Stat) bool { return s.PGRP == t.PGID })
+	sessionOK := t.SID != 0 && anchored(func(s Stat) bool { return s.Session == t.SID })
 	member := func(s Stat) bool {
 		if s.Dead() || g[s.PID] {
 			return false

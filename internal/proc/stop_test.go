@@ -374,3 +374,52 @@ func TestZombieCountsAsGone(t *testing.T) {
 		t.Errorf("Stop(zombie) = %+v, %v; want leader gone, nothing targeted", rep, err)
 	}
 }
+
+// A dead launch's group or session number may have been reused: a foreign process got
+// the leader's old PID, led its own group and session, forked a child and exited. A
+// stop of the old record must not signal that child (found in review), while a marked
+// leftover of our own in the same situation is still stopped.
+func TestStopOfDeadLeaderSparesAReusedGroup(t *testing.T) {
+	t.Parallel()
+	const marker = "AGENT_SERVER=server.qwen#1@1"
+	for _, tc := range []struct {
+		name     string
+		env      []string
+		wantKill bool
+	}{
+		{"foreign child in the reused group", nil, false},
+		{"our marked leftover", []string{marker}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// sh leads a new session and group F, starts a child C there and exits (it is
+			// reaped by Output), so nothing lives at F while C keeps group and session F.
+			cmd := exec.Command("sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
+			cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, tc.env...)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := cmd.Process.Pid
+			c, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+			fs := FS{}
+			child, err := fs.Stat(c)
+			if err != nil || child.PGRP != f || child.Session != f {
+				t.Fatalf("setup: child %+v, %v; want group and session %d", child, err, f)
+			}
+			t.Cleanup(func() { _, _ = fs.Signal(child.Identity(), syscall.SIGKILL) })
+
+			// The record of an older launch that had PID F: it started before the child.
+			old := Target{Leader: Identity{PID: f, StartTicks: child.StartTicks - 100}, PGID: f, SID: f, Marker: marker}
+			rep, err := fs.Stop(testContext(t), old, syscall.SIGTERM, 2*time.Second)
+			if err != nil {
+				t.Fatalf("Stop: %v (report %+v)", err, rep)
+			}
+			alive, _ := fs.Alive(child.Identity())
+			if alive == tc.wantKill {
+				t.Errorf("child alive = %v after the stop, want %v (report %+v)", alive, !tc.wantKill, rep)
+			}
+		})
+	}
+}
