@@ -1,12 +1,15 @@
 package resources
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -800,7 +803,9 @@ func (s *Server) notReady(ctx context.Context, lc *lifecycle.Lifecycle, rec *ser
 		}
 		return ""
 	}
-	if s.ready.LogLine != "" && rec.LogPath != "" {
+	if s.ready.LogLine != "" && rec.LogPath != "" && rec.ReadyAt.IsZero() {
+		// A generation's log only grows: once its launch saw the line (ReadyAt), it is
+		// there for good, however much log follows it.
 		p := hostPath(lc, rec)
 		if p == "" {
 			return "log: " + rec.LogPath + " cannot be read in " + rec.Place
@@ -816,13 +821,32 @@ func (s *Server) notReady(ctx context.Context, lc *lifecycle.Lifecycle, rec *ser
 	return ""
 }
 
+// logHas reports whether a line of the file at path contains line, reading the whole
+// file (a launch the agent did not see get ready, such as an adopted one, has no
+// ReadyAt; the line may be far from the end).
 func logHas(ctx context.Context, path, line string) bool {
-	tail, err := lifecycle.Tail(path, 1<<20)
+	f, err := os.Open(path)
 	if err != nil {
 		return false
 	}
-	for _, l := range tail {
-		if strings.Contains(l, line) {
+	defer f.Close()
+	const maxLine = 1 << 20
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), maxLine)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if len(data) >= maxLine || atEOF && len(data) > 0 {
+			return len(data), data, nil // the end, or a giant line in pieces
+		}
+		return 0, nil, nil
+	})
+	for sc.Scan() {
+		if ctx.Err() != nil {
+			return false
+		}
+		if strings.Contains(sc.Text(), line) {
 			return true
 		}
 	}

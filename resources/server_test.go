@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
@@ -563,4 +564,45 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 			t.Error("a child in the live leader's group was not taken for the launch's")
 		}
 	})
+}
+
+// A server ready by ready.log_line stays ready however much log follows the line: the
+// launch that saw it records ReadyAt, and a launch the agent did not see get ready
+// (adopted) has its whole log read (found in review: only the last 256 KiB were).
+func TestLogLineReadinessSurvivesAGrowingLog(t *testing.T) {
+	t.Parallel()
+	const line = "INFO:     Application startup complete."
+	write := func(t *testing.T, parts ...string) string {
+		p := filepath.Join(t.TempDir(), "qwen.1.log")
+		if err := os.WriteFile(p, []byte(strings.Join(parts, "")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	var traffic strings.Builder
+	for i := 0; traffic.Len() < 300<<10; i++ {
+		fmt.Fprintf(&traffic, "INFO:     127.0.0.1:5555 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK %d\n", i)
+	}
+	giant := strings.Repeat("x", 3<<20) + "\n" // one 3 MiB line before the ready line
+	for _, tc := range []struct {
+		name    string
+		log     []string
+		readyAt time.Time
+		ready   bool
+	}{
+		{"seen ready at launch, line far back", []string{line + "\n", traffic.String()}, time.Unix(1, 0), true},
+		{"adopted, line far back", []string{line + "\n", traffic.String()}, time.Time{}, true},
+		{"adopted, line after a giant line", []string{giant, line + "\n", traffic.String()}, time.Time{}, true},
+		{"adopted, no line", []string{traffic.String()}, time.Time{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := &Server{ready: lifecycle.Ready{LogLine: "Application startup complete."}}
+			rec := &serverRecord{Generation: 1, LogPath: write(t, tc.log...), Place: "host", ReadyAt: tc.readyAt}
+			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Runner: lifecycle.Host{}}, rec)
+			if (why == "") != tc.ready {
+				t.Errorf("notReady = %q, want ready %v", why, tc.ready)
+			}
+		})
+	}
 }
