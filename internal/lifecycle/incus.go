@@ -85,7 +85,7 @@ func (r *Incus) timeout() time.Duration {
 }
 
 // Init returns the instance's init process, in the host's PID namespace. It wraps
-// ErrNotRunning when the instance is stopped.
+// ErrNotRunning when the instance is stopped or does not exist.
 func (r *Incus) Init(ctx context.Context) (proc.Identity, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -98,6 +98,11 @@ func (r *Incus) Init(ctx context.Context) (proc.Identity, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout())
 	defer cancel()
 	st, err := r.Client.InstanceState(ctx, r.Instance)
+	if incus.IsNotFound(err) {
+		// A deleted instance runs nothing and holds no port: stopping a server that
+		// lived in it is done, not an error that no apply could ever get past.
+		return proc.Identity{}, fmt.Errorf("container %s does not exist: %w", r.Instance, ErrNotRunning)
+	}
 	if err != nil {
 		return proc.Identity{}, fmt.Errorf("container %s: %w", r.Instance, err)
 	}

@@ -1,10 +1,19 @@
 package lifecycle
 
 import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/proc"
 )
 
 func TestIncusEndpoint(t *testing.T) {
@@ -53,5 +62,45 @@ func TestIncusEnviron(t *testing.T) {
 	want := "B=x y,HOME=/root,PATH=/opt/bin,AGENT_SERVER=s#1"
 	if strings.Join(got, ",") != want {
 		t.Errorf("environ = %q, want %q", got, want)
+	}
+}
+
+// The recorded generation ran in a container that no longer exists (the plan moved the
+// server to the host, the container was deleted). Stopping what is left of it is done:
+// nothing is left, and no port is held. Found in review: the port check's 404 failed
+// every apply, so the server could never be launched elsewhere.
+func TestStopInADeletedContainerIsDone(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "incus.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"type":"error","error":"Instance not found","error_code":404}`))
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+
+	// The old generation's leader: a real process, gone (reaped) by now.
+	cmd := exec.Command("true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := proc.FS{}.Identify(cmd.Process.Pid)
+	_ = cmd.Wait()
+
+	r := &Incus{Client: incus.New(sock), Instance: "old"}
+	if _, err := r.Init(context.Background()); !errors.Is(err, ErrNotRunning) || !strings.Contains(err.Error(), "container old does not exist") {
+		t.Errorf("Init = %v, want ErrNotRunning saying the container does not exist", err)
+	}
+	lc := &Lifecycle{Runner: r}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if rep, err := lc.Stop(ctx, proc.Target{Leader: id, PGID: id.PID, SID: id.PID, Marker: "AGENT_SERVER=x#1@1"}, syscall.SIGTERM, time.Second, 30000); err != nil {
+		t.Fatalf("Stop = %v (report %+v), want done", err, rep)
 	}
 }
