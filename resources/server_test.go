@@ -521,6 +521,16 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		if _, err := fmt.Fscan(out, &pid); err != nil {
 			t.Fatal(err)
 		}
+		// Wait for the child to be sleep itself: while it is between fork and exec, its
+		// environ may briefly read as empty.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if argv, _ := fs.Cmdline(pid); len(argv) > 0 && argv[0] == "sleep" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("child %d never became sleep", pid)
+			}
+		}
 		if child, err = fs.Stat(pid); err != nil {
 			t.Fatal(err)
 		}

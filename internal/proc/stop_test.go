@@ -404,6 +404,16 @@ func TestStopOfDeadLeaderSparesAReusedGroup(t *testing.T) {
 			f := cmd.Process.Pid
 			c, _ := strconv.Atoi(strings.TrimSpace(string(out)))
 			fs := FS{}
+			// Wait for the child to be sleep itself: between fork and exec its environ
+			// may briefly read as empty.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				if argv, _ := fs.Cmdline(c); len(argv) > 0 && argv[0] == "sleep" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("child %d never became sleep", c)
+				}
+			}
 			child, err := fs.Stat(c)
 			if err != nil || child.PGRP != f || child.Session != f {
 				t.Fatalf("setup: child %+v, %v; want group and session %d", child, err, f)
