@@ -154,6 +154,15 @@ func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, err
 	x := &Launched{Started: *st, Generation: o.Generation, LogPath: log.Path(), LaunchedAt: start}
 	if o.OnStarted != nil {
 		if oerr := o.OnStarted(x); oerr != nil {
+			// Unrecorded, the process would run with nobody to answer for it: stop it,
+			// verified, before reporting. Its own context: the caller's may be spent.
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, serr := l.Stop(sctx, x.Target(o.Spec.Marker), syscall.SIGKILL, 5*time.Second, o.Port); serr != nil {
+				oerr = fmt.Errorf("%w; stopping the unrecorded process failed too: %w", oerr, serr)
+			} else {
+				oerr = fmt.Errorf("%w; the process could not be recorded, so it was stopped, verified gone", oerr)
+			}
 			return x, errors.Join(err, oerr)
 		}
 	}

@@ -273,3 +273,21 @@ func TestGenerationsAndPruning(t *testing.T) {
 		t.Errorf("start over an existing log: %v", err)
 	}
 }
+
+// A launch whose record cannot be saved must not leave an unrecorded server running:
+// the process is stopped, verified, and the error says so (found in review).
+func TestLaunchStopsWhatItCannotRecord(t *testing.T) {
+	t.Parallel()
+	l, o := options(t, "")
+	o.OnStarted = func(*Launched) error { return errors.New("save state: no space left on device") }
+	x, err := l.Launch(ctx(t), o)
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "could not be recorded, so it was stopped, verified gone") {
+		t.Fatalf("Launch = %v, want the save error and the stop", err)
+	}
+	if x == nil {
+		t.Fatal("no Launched for a started process")
+	}
+	if alive, _ := (proc.FS{}).Alive(x.ID); alive {
+		t.Errorf("pid %d runs unrecorded", x.ID.PID)
+	}
+}
