@@ -473,6 +473,10 @@ type serverRecord struct {
 	ReadyAt    time.Time `json:"ready_at,omitzero"`
 	// UnreadySince is when observation first found the server not ready (zero: ready).
 	UnreadySince time.Time `json:"unready_since,omitzero"`
+	// Pending is a launch about to start, recorded before the process exists (no PID
+	// yet): an agent killed between the start and the record leaves it, and the next
+	// Check adopts the process its marker names instead of starting a second server.
+	Pending *serverRecord `json:"pending,omitempty"`
 
 	// The launched identity.
 	Place   string            `json:"place"`
@@ -617,6 +621,11 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	has, err := env.State.Load(&rec)
 	if err != nil {
 		return nil, err
+	}
+	if has && rec.Pending != nil {
+		if has, err = s.recoverPending(env, &rec); err != nil {
+			return nil, err
+		}
 	}
 	// Host PIDs and start times, wherever the process runs.
 	hostProcs := s.host.Proc
@@ -1024,6 +1033,18 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	marker := fmt.Sprintf("AGENT_SERVER=%s#%d@%d", s.addr, gen, env.Now().UnixNano())
 	want := s.record()
 	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker}
+	// The intent goes to state before the process exists (see serverRecord.Pending).
+	intent := want
+	intent.Generation, intent.Marker = gen, marker
+	intent.LogPath = lifecycle.LogFile{Dir: s.logDir, Name: s.name, Generation: gen}.Path()
+	var held serverRecord
+	if det.prev != nil {
+		held = *det.prev
+	}
+	held.Pending = &intent
+	if err := env.State.Save(&held); err != nil {
+		return fmt.Errorf("record the launch of generation %d before it starts: %w", gen, err)
+	}
 	var rec serverRecord
 	x, err := lc.Launch(ctx, lifecycle.LaunchOptions{
 		Name: s.name, LogDir: s.logDir, KeepLogs: s.keepLogs, Generation: gen, Spec: spec, Port: s.port,
@@ -1036,13 +1057,56 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 			return env.State.Save(&rec)
 		},
 	})
-	if x != nil && !x.ReadyAt.IsZero() {
+	if x == nil {
+		// Nothing started: the intent is void.
+		var serr error
+		if held.Pending = nil; det.prev != nil {
+			serr = env.State.Save(&held)
+		} else {
+			serr = env.State.Delete()
+		}
+		return errors.Join(err, serr)
+	}
+	if !x.ReadyAt.IsZero() {
 		rec.ReadyAt = x.ReadyAt
 		if serr := env.State.Save(&rec); serr != nil && err == nil {
 			err = serr
 		}
 	}
 	return err
+}
+
+// recoverPending settles a launch recorded as pending by an agent that stopped before
+// recording its process: the live session leader that carries the pending marker (the
+// lifecycle starts every server as one) becomes the record, as launched; with none,
+// the intent is void. It returns whether a record remains.
+func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, error) {
+	p := *rec.Pending
+	all, err := s.host.Proc.All()
+	if err != nil {
+		return false, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
+	}
+	for _, st := range all {
+		if st.Dead() || st.PID != st.Session {
+			continue
+		}
+		if envv, err := s.host.Proc.Environ(st.PID); err != nil || !slices.Contains(envv, p.Marker) {
+			continue
+		}
+		p.PID, p.StartTicks, p.PGID, p.SID = st.PID, st.StartTicks, st.PGRP, st.Session
+		if boot, err := s.host.Proc.BootTime(); err == nil {
+			p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
+		}
+		env.Log.Warn("adopting the launch of an agent that stopped before recording it",
+			"generation", p.Generation, "pid", p.PID)
+		*rec = p
+		return true, env.State.Save(rec)
+	}
+	rec.Pending = nil
+	if rec.PID == 0 {
+		return false, env.State.Delete()
+	}
+	return true, env.State.Save(rec)
 }
 
 // Status is the live state: the process, its generation's log and serving metrics,

@@ -616,3 +616,63 @@ func TestLogLineReadinessSurvivesAGrowingLog(t *testing.T) {
 		})
 	}
 }
+
+// An agent killed after starting a server but before recording it leaves the intent it
+// wrote first (Pending). The next agent adopts the process that intent's marker names,
+// as that generation, instead of starting a second server beside it (found in review);
+// an intent whose process never started is dropped.
+func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	first := h.record()
+	h.kill() // generation 1 is gone, as stopped before a relaunch
+
+	// What the killed agent did: record the intent, then start generation 2.
+	marker := "AGENT_SERVER=server.qwen#2@42"
+	intent := first
+	intent.Generation, intent.Marker, intent.PID, intent.StartTicks = 2, marker, 0, 0
+	intent.LogPath = lifecycle.LogFile{Dir: h.logs(), Name: "qwen", Generation: 2}.Path()
+	held := first
+	held.Pending = &intent
+	if err := h.store.Save("server.qwen", &held); err != nil {
+		t.Fatal(err)
+	}
+	lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{}}
+	x, err := lc.Launch(context.Background(), lifecycle.LaunchOptions{
+		Name: "qwen", LogDir: h.logs(), KeepLogs: 5, Generation: 2, Port: h.port,
+		Spec:  lifecycle.Spec{Argv: first.Argv, Env: first.Env, Workdir: first.Workdir, Marker: marker},
+		Ready: lifecycle.Ready{HTTP: "/health", Timeout: 15 * time.Second},
+	})
+	t.Cleanup(func() { _, _ = lc.Stop(context.Background(), x.Target(marker), syscall.SIGKILL, time.Second, 0) })
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan after the crash: %v %+v, want the launch adopted and no change", st.Err, st.Diff)
+	}
+	r := h.record()
+	if r.id() != x.ID || r.Generation != 2 || r.Marker != marker || r.Pending != nil {
+		t.Errorf("record %+v, want generation 2 at pid %d with its marker and no intent", r, x.ID.PID)
+	}
+	mustOK(t, h.apply())
+	if r := h.record(); r.id() != x.ID || !alive(x.ID) {
+		t.Errorf("apply touched the adopted launch: %+v", r)
+	}
+
+	// An intent whose process never started is dropped: the server is launched anew.
+	h.kill()
+	held = h.record()
+	intent.Marker = "AGENT_SERVER=server.qwen#3@43"
+	held.Pending = &intent
+	if err := h.store.Save("server.qwen", &held); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.plan(); st.Err != nil || st.Diff.Action == agent.NoOp {
+		t.Fatalf("plan with a void intent: %v %+v, want a launch", st.Err, st.Diff)
+	}
+	if r := h.record(); r.Pending != nil {
+		t.Errorf("the void intent was kept: %+v", r.Pending)
+	}
+}
