@@ -302,10 +302,13 @@ func (r *Incus) exec(ctx context.Context, req incus.ExecRequest, log LogFile) (*
 
 // identify finds the launched process in the host's /proc: the PID the launch printed,
 // mapped from the instance's PID namespace, whose command line is the stopped shell
-// with this launch's tag, stopped, and leading its own session.
+// with this launch's tag, stopped, and leading its own session. When it gives up on a
+// process it did find by its tag (one that never stopped), it returns that process's
+// identity with the error, so that the caller kills it rather than leave it unrecorded.
 func (r *Incus) identify(ctx context.Context, init proc.Identity, nsPID int, tag string) (proc.Identity, proc.Stat, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	var why string
+	var tagged proc.Stat // the launch, known by its tag, not yet as wanted
 	for {
 		pid, err := r.Proc.PIDIn(init.PID, nsPID)
 		if err == nil {
@@ -319,6 +322,7 @@ func (r *Incus) identify(ctx context.Context, init proc.Identity, nsPID int, tag
 			case st.Dead():
 				return st.Identity(), st, fmt.Errorf("pid %d (%d inside) exited before it started the server", pid, nsPID)
 			case st.State != 'T':
+				tagged = st
 				why = fmt.Sprintf("pid %d (%d inside) did not stop (state %c)", pid, nsPID, st.State)
 			case st.Session != st.PID || st.PGRP != st.PID:
 				return st.Identity(), st, fmt.Errorf("pid %d (%d inside) is not the leader of its session and group (setsid forked?)", pid, nsPID)
@@ -329,11 +333,11 @@ func (r *Incus) identify(ctx context.Context, init proc.Identity, nsPID int, tag
 			why = err.Error()
 		}
 		if time.Now().After(deadline) {
-			return proc.Identity{}, proc.Stat{}, fmt.Errorf("the launched process was not found: %s", why)
+			return tagged.Identity(), tagged, fmt.Errorf("the launched process was not found: %s", why)
 		}
 		select {
 		case <-ctx.Done():
-			return proc.Identity{}, proc.Stat{}, fmt.Errorf("the launched process was not found: %s: %w", why, ctx.Err())
+			return tagged.Identity(), tagged, fmt.Errorf("the launched process was not found: %s: %w", why, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -3,10 +3,13 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,5 +105,53 @@ func TestStopInADeletedContainerIsDone(t *testing.T) {
 	defer cancel()
 	if rep, err := lc.Stop(ctx, proc.Target{Leader: id, PGID: id.PID, SID: id.PID, Marker: "AGENT_SERVER=x#1@1"}, syscall.SIGTERM, time.Second, 30000); err != nil {
 		t.Fatalf("Stop = %v (report %+v), want done", err, rep)
+	}
+}
+
+// identify gives up on a launch it found by its tag but that never stopped: it returns
+// that process's identity with the error, so that Start kills it instead of leaving a
+// shell that will exec the server unrecorded (found in review). A process that is not
+// the launch is never returned.
+func TestIdentifyReturnsTheTaggedLaunchItGaveUpOn(t *testing.T) {
+	t.Parallel()
+	const tag = "agent-launch-7f3a"
+	for _, tc := range []struct {
+		name    string
+		argv    string
+		wantPID int
+	}{
+		{"the launch, running instead of stopped", "sh\x00-c\x00" + stoppedScript + "\x00" + tag + "\x00", 5000},
+		{"someone else at that pid", "sleep\x00300\x00", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := t.TempDir()
+			addProc := func(pid, nsPID int, state, argv string) {
+				dir := filepath.Join(root, strconv.Itoa(pid))
+				must := func(err error) {
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				must(os.MkdirAll(filepath.Join(dir, "ns"), 0o755))
+				must(os.Symlink("pid:[4026532999]", filepath.Join(dir, "ns", "pid")))
+				must(os.WriteFile(filepath.Join(dir, "status"), fmt.Appendf(nil, "Name:\tx\nNSpid:\t%d\t%d\n", pid, nsPID), 0o644))
+				must(os.WriteFile(filepath.Join(dir, "cmdline"), []byte(argv), 0o644))
+				stat := fmt.Sprintf("%d (x) %s 1 %d %d 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n", pid, state, pid, pid)
+				must(os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644))
+			}
+			addProc(100, 1, "S", "/sbin/init\x00")
+			addProc(5000, 12, "S", tc.argv) // never reaches state T
+			r := &Incus{Instance: "c", Proc: proc.FS{Root: root}}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			id, _, err := r.identify(ctx, proc.Identity{PID: 100, StartTicks: 777}, 12, tag)
+			if err == nil {
+				t.Fatal("identify succeeded on a launch that never stopped")
+			}
+			if id.PID != tc.wantPID {
+				t.Errorf("identify returned pid %d (%v), want %d", id.PID, err, tc.wantPID)
+			}
+		})
 	}
 }
