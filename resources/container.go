@@ -353,11 +353,23 @@ func isDriverVersion(s string) bool {
 // containerRecord is the container's state record: what the last apply created and set,
 // so that a key or device that leaves the plan is removed and an alias that moves to a
 // newer image does not force a replace.
+//
+// The record is of one instance: its name and volatile.uuid. A record of another instance
+// (the plan's name changed, or the instance was deleted and made again by someone else)
+// claims nothing on the one observed, so the keys and devices found there are left alone.
 type containerRecord struct {
-	Image       string   `json:"image"`       // the plan's image attribute at creation
-	Fingerprint string   `json:"fingerprint"` // what it resolved to
-	Config      []string `json:"config"`      // config keys the agent manages
-	Devices     []string `json:"devices"`     // device names the agent manages
+	Instance    string   `json:"instance,omitempty"` // the instance's name
+	UUID        string   `json:"uuid,omitempty"`     // its volatile.uuid, once known
+	Image       string   `json:"image"`              // the plan's image attribute at creation
+	Fingerprint string   `json:"fingerprint"`        // what it resolved to
+	Config      []string `json:"config"`             // config keys the agent manages
+	Devices     []string `json:"devices"`            // device names the agent manages
+}
+
+// of reports whether the record is of the instance named name whose volatile.uuid is
+// uuid. Records from before names and uuids were kept are taken as the instance's.
+func (r containerRecord) of(name, uuid string) bool {
+	return (r.Instance == "" || r.Instance == name) && (r.UUID == "" || uuid == "" || r.UUID == uuid)
 }
 
 // containerDetail is what Check decided, for Apply.
@@ -365,6 +377,7 @@ type containerDetail struct {
 	create, replace bool
 	fingerprint     string // resolved image, for create and replace
 	imageRecord     string // the image attribute to record (the plan's, or the recorded one)
+	uuid            string // the observed instance's volatile.uuid
 
 	put        bool
 	setConfig  map[string]string
@@ -455,8 +468,12 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 	if err != nil {
 		return nil, reachErr(c, err)
 	}
+	uuid := inst.Config["volatile.uuid"]
+	if !rec.of(k.name, uuid) {
+		rec = containerRecord{} // another instance's record: nothing here is claimed
+	}
 	det := &containerDetail{setConfig: map[string]string{}, setDevices: map[string]map[string]string{},
-		imageRecord: rec.Image, fingerprint: rec.Fingerprint}
+		imageRecord: rec.Image, fingerprint: rec.Fingerprint, uuid: uuid}
 	d := &agent.Diff{Action: agent.NoOp, Detail: det}
 
 	// What cannot change in place.
@@ -751,11 +768,15 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		}
 		fallthrough
 	case det.create:
-		if err := k.saveIntent(env); err != nil {
+		if err := k.saveIntent(env, det); err != nil {
 			return err
 		}
 		if err := c.CreateInstance(ctx, k.post(det.fingerprint)); err != nil {
 			return err
+		}
+		det.uuid = ""
+		if inst, _, err := c.GetInstance(ctx, k.name); err == nil {
+			det.uuid = inst.Config["volatile.uuid"]
 		}
 		if err := k.save(env, det); err != nil {
 			return err
@@ -774,7 +795,7 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		}
 	}
 	if det.put {
-		if err := k.saveIntent(env); err != nil {
+		if err := k.saveIntent(env, det); err != nil {
 			return err
 		}
 		if err := k.put(ctx, c, det); err != nil {
@@ -877,6 +898,7 @@ func (k *Container) save(env *agent.Env, det *containerDetail) error {
 	if det.imageRecord != "" {
 		rec.Image, rec.Fingerprint = det.imageRecord, det.fingerprint
 	}
+	rec.Instance, rec.UUID = k.name, det.uuid
 	rec.Config = containerKeys(k.config)
 	rec.Devices = containerKeys(k.devices)
 	return env.State.Save(rec)
@@ -887,13 +909,22 @@ func (k *Container) save(env *agent.Env, det *containerDetail) error {
 // otherwise leave keys on the instance that no record claims (and the next plan would
 // leave them alone as somebody else's); with the intent saved first, the next plan
 // removes what the plan no longer names.
-func (k *Container) saveIntent(env *agent.Env) error {
+func (k *Container) saveIntent(env *agent.Env, det *containerDetail) error {
 	if env == nil || env.State == nil {
 		return nil
 	}
 	var rec containerRecord
 	if _, err := env.State.Load(&rec); err != nil {
 		return err
+	}
+	if !rec.of(k.name, det.uuid) || det.create || det.replace {
+		// Claims on another instance (or on the one about to be replaced) do not carry
+		// over: a new instance carries only what this apply sets.
+		rec = containerRecord{Image: rec.Image, Fingerprint: rec.Fingerprint}
+	}
+	rec.Instance, rec.UUID = k.name, det.uuid
+	if det.create || det.replace {
+		rec.UUID = "" // the new instance's is not known before it exists
 	}
 	rec.Config = union(rec.Config, containerKeys(k.config))
 	rec.Devices = union(rec.Devices, containerKeys(k.devices))

@@ -541,3 +541,60 @@ func TestParseUserspace(t *testing.T) {
 		}
 	}
 }
+
+// The record is of one instance. When the plan's name moves to an instance the agent did
+// not make, or the agent's instance is deleted and made again by someone else under the
+// same name, the keys and devices found there are not the agent's to remove (found in
+// review: they were removed as "set by an earlier apply").
+func TestContainerRecordIsOfOneInstance(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	ctx := context.Background()
+	ours, theirs := t.TempDir(), t.TempDir()
+	h.apply(`  image = "busybox"
+  config = { "user.owner" = "agent", "user.team" = "ml" }
+  disk "data" {
+    source = "` + ours + `"
+    path   = "/data"
+  }` + "\n")
+
+	operators := func(name string) {
+		t.Helper()
+		if err := h.d.Client.CreateInstance(ctx, incus.InstancesPost{Name: name, Source: incus.InstanceSource{Alias: h.d.Image},
+			InstancePut: incus.InstancePut{Profiles: []string{"default"},
+				Config:  map[string]string{"user.owner": "operator", "user.team": "ops"},
+				Devices: map[string]map[string]string{"data": {"type": "disk", "source": theirs, "path": "/data"}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	untouched := func(name string) {
+		t.Helper()
+		inst, _, err := h.d.Client.GetInstance(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inst.Config["user.owner"] != "operator" || inst.Config["user.team"] != "ops" || inst.Devices["data"]["source"] != theirs {
+			t.Errorf("%s: the operator's keys or device were changed: config %v, devices %v", name, inst.Config, inst.Devices)
+		}
+	}
+
+	// The plan's name moves to an instance the operator made.
+	first := h.name
+	other := h.d.InstanceName(t)
+	operators(other)
+	h.name = other
+	h.apply(`  image = "busybox"` + "\n")
+	untouched(other)
+
+	// The agent's first instance is deleted and made again by the operator.
+	h.name = first
+	if err := h.d.Client.Stop(ctx, first, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.Client.DeleteInstance(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	operators(first)
+	h.apply(`  image = "busybox"` + "\n")
+	untouched(first)
+}
