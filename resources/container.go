@@ -809,6 +809,9 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		if err := k.start(ctx, c); err != nil {
 			return err
 		}
+		// Check could not probe a stopped instance, and a restart can change what the
+		// probe sees: probe now, and install when an installer is declared.
+		return k.verifyUserspace(ctx, c, env)
 	}
 	if det.installUserspace {
 		return k.installUserspace(ctx, c, env)

@@ -432,6 +432,17 @@ func TestContainerUserspaceAndFiles(t *testing.T) {
 	if got := h.exec("sh", "-c", "cat /root/installer-args 2>/dev/null; true"); got != "" {
 		t.Errorf("an unverified installer ran: %q", got)
 	}
+
+	// A stopped instance (a reboot without autostart, an agent killed before the start)
+	// cannot be probed by Check: the apply that starts it probes and installs after the
+	// start, in the same step (found in review: it started it and failed to converge).
+	if err := h.d.Client.Stop(ctx, h.name, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	h.apply(withInstaller) // fails the test unless one apply converges
+	if got := h.exec("cat", "/root/installer-args"); !strings.Contains(got, "--no-kernel-module") {
+		t.Errorf("installer arguments after the start = %q", got)
+	}
 }
 
 // TestContainerUnmanagedUntouched: instances the plan does not name are never changed,
