@@ -822,6 +822,17 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	return nil
 }
 
+// Timeout gives a container that installs the NVIDIA userspace driver the driver's own
+// step budget: the download, the push and the installer run in one step, and a step cut
+// short leaves the installer running inside while the next pass would start another.
+// Other containers keep the engine's default.
+func (k *Container) Timeout() time.Duration {
+	if k.installer != nil {
+		return DriverTimeout
+	}
+	return 0
+}
+
 // post is the creation request.
 func (k *Container) post(fingerprint string) incus.InstancesPost {
 	devs := make(map[string]map[string]string, len(k.devices))

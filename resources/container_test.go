@@ -609,3 +609,26 @@ func TestContainerRecordIsOfOneInstance(t *testing.T) {
 	h.apply(`  image = "busybox"` + "\n")
 	untouched(first)
 }
+
+// A container that installs the userspace driver gets the driver's step budget; others
+// keep the engine's default (0).
+func TestContainerTimeout(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]time.Duration{
+		`image = "u"`: 0,
+		`image = "u"
+  nvidia_userspace = "580.95.05"
+  nvidia_installer {
+    url    = "https://example.com/NVIDIA-Linux-x86_64-580.95.05.run"
+    sha256 = "` + strings.Repeat("0", 64) + `"
+  }`: DriverTimeout,
+	} {
+		res, diags := bindPlan("container \"c\" {\n  "+body+"\n}\n", []agent.Kind{ContainerKind(Host{})})
+		if diags.HasErrors() {
+			t.Fatal(diags.Error())
+		}
+		if got := res["container.c"].(*Container).Timeout(); got != want {
+			t.Errorf("%s: Timeout = %v, want %v", body, got, want)
+		}
+	}
+}
