@@ -177,6 +177,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		secrets = p.Secrets()
 	}
 	red := agent.NewRedactor(secrets)
+	log = slog.New(agent.NewRedactingHandler(log.Handler(), red))
 	if diags.HasErrors() {
 		return invalid(cmd, p, diags, o.json, stdout, stderr)
 	}

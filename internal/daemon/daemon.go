@@ -18,11 +18,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -74,6 +76,7 @@ type Config struct {
 type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
+	redact  *agent.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  *sdnotify.Notifier
 	metrics *metrics
 
@@ -104,6 +107,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
+	// Everything the daemon and the resources log goes through the plan's redactor,
+	// renewed on each reload: an error may quote a secret, and the log is the journal.
+	d.redact = agent.NewRedactingHandler(d.log.Handler(), nil)
+	d.log = slog.New(d.redact)
 	if d.notify == nil {
 		d.notify = sdnotify.FromEnv()
 	}
@@ -209,13 +216,17 @@ func (d *Daemon) reload() error {
 		d.backoff = map[string]*backoffState{}
 	}
 	d.plan, d.planHash, d.store, d.lastErr = p, h, store, ""
+	d.redact.SetRedactor(agent.NewRedactor(p.Secrets()))
 	d.metrics.planValid.Set(1)
 	return nil
 }
 
+// planHash identifies a plan's sources, in a stable order (a map's is not): a reload
+// with the same files must keep backoff and terminal holds.
 func planHash(p *plans.Plan) [32]byte {
 	h := sha256.New()
-	for name, f := range p.Files {
+	for _, name := range slices.Sorted(maps.Keys(p.Files)) {
+		f := p.Files[name]
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(f.Bytes))
 		h.Write(f.Bytes)
 	}

@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -57,7 +60,7 @@ func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
 	m.applies.inc(m.cfg.Path)
 	if m.cfg.Fail != nil && *m.cfg.Fail {
-		return errors.New("broken on purpose")
+		return fmt.Errorf("broken on purpose writing %q", m.cfg.Value) // quotes the value, secret or not
 	}
 	if m.cfg.Terminal != nil && *m.cfg.Terminal {
 		return agent.Terminal(errors.New("the plan asks for the impossible"))
@@ -78,13 +81,32 @@ type harness struct {
 	cancel   context.CancelFunc
 	done     chan error
 	readyURL chan string
+	log      *syncBuffer // what the daemon logged
+}
+
+// syncBuffer is a bytes.Buffer safe for the daemon's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}},
-		notes: make(chan string, 100), done: make(chan error, 1), readyURL: make(chan string, 1)}
+		notes: make(chan string, 100), done: make(chan error, 1), readyURL: make(chan string, 1), log: &syncBuffer{}}
 	h.write(t, planSrc)
 	sock := filepath.Join(dir, "notify")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
@@ -119,6 +141,7 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 			Interval: interval,
 			Listen:   "127.0.0.1:0",
 			Notifier: sdnotify.New(sock),
+			Log:      slog.New(slog.NewTextHandler(h.log, nil)),
 			Ready:    func(addr string) { h.readyURL <- "http://" + addr },
 		})
 	}()
@@ -332,5 +355,55 @@ mark "t" {
 	time.Sleep(300 * time.Millisecond)
 	if n := h.applies.get(path); n != 2 {
 		t.Errorf("tries after the plan changed = %d, want 2", n)
+	}
+}
+
+// The daemon's log is the journal: an error that quotes a sensitive value is logged
+// with the value redacted (found in review: the CLI's views redacted, the log did not).
+func TestLogRedactsSecrets(t *testing.T) {
+	t.Parallel()
+	const secret = "hf_SuperSecretValue"
+	h := start(t, `
+variable "root" {}
+variable "tok" {
+  sensitive = true
+  default   = "`+secret+`"
+}
+mark "a" {
+  path  = "${var.root}/a"
+  value = var.tok
+  fail  = true
+}
+`, time.Hour)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(h.log.String(), "broken on purpose") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failure logged:\n%s", h.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out := h.log.String(); strings.Contains(out, secret) || !strings.Contains(out, `broken on purpose writing \"(sensitive)\"`) {
+		t.Errorf("the log does not redact the secret:\n%s", out)
+	}
+}
+
+// The same plan hashes the same, whatever order its files come in (found in review: a
+// map's order made every reload of a plan directory look like a change, which cleared
+// backoff and terminal holds).
+func TestPlanHashIsStable(t *testing.T) {
+	t.Parallel()
+	var srcs []plans.Source
+	for i := range 6 {
+		srcs = append(srcs, plans.Source{Name: fmt.Sprintf("/p/%d.hcl", i), Data: fmt.Appendf(nil, "# file %d\n", i)})
+	}
+	p, diags := plans.LoadSources("/p", srcs, plans.Options{})
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	first := planHash(p)
+	for range 50 {
+		if planHash(p) != first {
+			t.Fatal("planHash of the same plan differs between calls")
+		}
 	}
 }
