@@ -253,6 +253,16 @@ var ErrBackoff = errors.New("waiting before the next try")
 // ErrStopping is the error of a resource not started because the agent is stopping.
 var ErrStopping = errors.New("not started: the agent is stopping")
 
+// ErrTerminalHold is the error of a resource whose last error retrying cannot fix: it
+// waits for a plan change.
+var ErrTerminalHold = errors.New("not retried until the plan changes")
+
+// held reports an error of a resource the daemon did not touch this pass: nothing was
+// tried, so nothing failed (metrics and backoff learn nothing from it).
+func held(err error) bool {
+	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold)
+}
+
 // hold is the engine's Hold: a resource in backoff is not touched this pass.
 func (d *Daemon) hold(addr string) error {
 	if d.stopping.Load() {
@@ -265,7 +275,7 @@ func (d *Daemon) hold(addr string) error {
 		return nil
 	}
 	if b.terminal {
-		return fmt.Errorf("%s: not retried until the plan changes (terminal error: %s)", addr, b.lastErr)
+		return fmt.Errorf("%s: %w (terminal error: %s)", addr, ErrTerminalHold, b.lastErr)
 	}
 	if time.Now().Before(b.until) {
 		return fmt.Errorf("%s: %w (%d failures, next try in %s): last error: %s", addr, ErrBackoff, b.failures, time.Until(b.until).Round(time.Second), b.lastErr)
@@ -322,7 +332,7 @@ func (d *Daemon) record(rep *agent.Report) {
 			if st.Applied {
 				d.log.Info("converged", "resource", st.Addr, "action", string(st.Diff.Action))
 			}
-		case errors.Is(st.Err, ErrBackoff), errors.Is(st.Err, ErrStopping):
+		case held(st.Err):
 			// Held back this pass: nothing new learned.
 		default:
 			if _, skipped := st.Skipped(); skipped {

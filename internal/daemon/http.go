@@ -95,13 +95,18 @@ func (m *metrics) observePass(rep *agent.Report, elapsed time.Duration) {
 	m.duration.Observe(elapsed.Seconds())
 	ok := true
 	for _, st := range rep.Steps {
+		if st.Err != nil {
+			ok = false
+		}
+		if held(st.Err) {
+			continue // not looked at this pass: its drift and failures stand as they were
+		}
 		drift := 0.0
 		if st.Diff != nil && st.Diff.Action != agent.NoOp {
 			drift = 1
 		}
 		m.drift.WithLabelValues(st.Addr).Set(drift)
 		if st.Err != nil {
-			ok = false
 			if _, skipped := st.Skipped(); !skipped {
 				m.failures.WithLabelValues(st.Addr).Inc()
 			}
