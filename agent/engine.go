@@ -45,9 +45,10 @@ type Options struct {
 	NoDestructive bool
 	// Terminal is passed to resources as Env.Terminal (nil: no progress drawing).
 	Terminal io.Writer
-	// Hold, when set, is asked before each resource is applied; a non-nil error fails the
-	// step with that error without touching the resource (and skips its dependents). The
-	// reconcile loop uses it for per-resource backoff.
+	// Hold, when set, is asked before each resource is observed and again right before it
+	// is acted on; a non-nil error fails the step with that error without touching the
+	// resource (and skips its dependents). The reconcile loop uses it for per-resource
+	// backoff and, once it is stopping, to start no new action while it observes.
 	Hold func(addr string) error
 }
 
@@ -383,6 +384,13 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
 	}
 	if e.opts.NoDestructive && d.Action.Destructive() {
 		return fmt.Errorf("%s: %s: %w", addr, d.Action, ErrDestructiveRefused)
+	}
+	if e.opts.Hold != nil {
+		// Observation takes time (a readiness probe, a Hub request): what held nothing
+		// then may hold the action now (the agent began to stop meanwhile).
+		if err := e.opts.Hold(addr); err != nil {
+			return err
+		}
 	}
 	started()
 	e.log.Info("applying", "resource", addr, "action", string(d.Action))

@@ -379,3 +379,27 @@ func TestCancelledApplyDoesNotStartMore(t *testing.T) {
 		}
 	}
 }
+
+// Hold is asked again right before the action: a reconcile loop that began to stop
+// while a resource was being observed starts no new action (found in review: a restart
+// started after SIGTERM).
+func TestHoldIsAskedAgainBeforeTheAction(t *testing.T) {
+	t.Parallel()
+	h := newHost()
+	h.values["fake.r"] = "old"
+	stop := errors.New("not started: the agent is stopping")
+	var asked atomic.Int32
+	e := engine(t, h, "fake \"r\" {\n  value = \"new\"\n  restart = true\n}\n", Options{Hold: func(string) error {
+		if asked.Add(1) > 1 { // the first ask is before the observation
+			return stop
+		}
+		return nil
+	}})
+	rep := e.Apply(context.Background(), nil)
+	if st := rep.Steps[0]; !errors.Is(st.Err, stop) || st.Applied || h.values["fake.r"] != "old" || h.applies["fake.r"] != 0 {
+		t.Errorf("step %+v, value %q, applies %d: want the restart held back", st, h.values["fake.r"], h.applies["fake.r"])
+	}
+	if n := asked.Load(); n != 2 {
+		t.Errorf("Hold asked %d times, want 2", n)
+	}
+}
