@@ -210,6 +210,15 @@ func (d *Daemon) reload() error {
 	if err != nil {
 		return err
 	}
+	// What loads may still not run (a --target that is gone, the host guard): such a
+	// plan must not replace the last good one either.
+	if _, err := agent.New(p, d.cfg.Kinds, store, d.engineOptions()); err != nil {
+		d.mu.Lock()
+		d.lastErr = err.Error()
+		d.mu.Unlock()
+		d.metrics.planValid.Set(0)
+		return fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if h != d.planHash {
@@ -283,6 +292,15 @@ func (d *Daemon) hold(addr string) error {
 	return nil
 }
 
+// engineOptions are the engine's options for every pass: the configured ones, with the
+// daemon's log and hold.
+func (d *Daemon) engineOptions() agent.Options {
+	opts := d.cfg.Engine
+	opts.Log = d.log
+	opts.Hold = d.hold
+	return opts
+}
+
 // pass is one reconcile pass under the state lock.
 func (d *Daemon) pass(ctx context.Context) {
 	d.mu.Lock()
@@ -299,10 +317,7 @@ func (d *Daemon) pass(ctx context.Context) {
 		return
 	}
 	defer lock.Release()
-	opts := d.cfg.Engine
-	opts.Log = d.log
-	opts.Hold = d.hold
-	eng, err := agent.New(p, d.cfg.Kinds, store, opts)
+	eng, err := agent.New(p, d.cfg.Kinds, store, d.engineOptions())
 	if err != nil {
 		d.log.Error("pass failed", "error", err)
 		d.metrics.failures.WithLabelValues("").Inc()

@@ -413,3 +413,56 @@ func TestPlanHashIsStable(t *testing.T) {
 		}
 	}
 }
+
+// A plan that loads but that the engine rejects (here --target names a resource the new
+// plan no longer has) does not replace the last good plan, which keeps reconciling
+// (found in review: the loop then reconciled nothing at all).
+func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "plan.hcl")
+	a := filepath.Join(dir, "a")
+	write := func(name string) {
+		if err := os.WriteFile(path+".tmp", []byte("mark \""+name+"\" {\n  path  = \""+a+"\"\n  value = \"v1\"\n}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a")
+	cnt := &counter{n: map[string]int{}}
+	kinds := []agent.Kind{agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
+		return &mark{cfg: c, applies: cnt}, nil
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	t.Cleanup(func() { cancel(); <-done })
+	ready := make(chan string, 1)
+	go func() {
+		done <- Run(ctx, Config{PlanPath: path,
+			Load: func() (*plans.Plan, hcl.Diagnostics) {
+				return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds)})
+			},
+			Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
+			Notifier: sdnotify.New(""), Engine: agent.Options{Targets: []string{"mark.a"}},
+			Ready: func(addr string) { ready <- "http://" + addr }})
+	}()
+	base := <-ready
+	waitFor(t, "the first apply", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
+
+	write("renamed") // loads, but --target mark.a names nothing in it
+	waitFor(t, "agent_plan_valid 0", func() bool {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return slices.Contains(strings.Split(string(b), "\n"), "agent_plan_valid 0")
+	})
+	if err := os.Remove(a); err != nil { // drift that the last good plan repairs
+		t.Fatal(err)
+	}
+	waitFor(t, "the last good plan to repair the drift", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
+}
