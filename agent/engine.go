@@ -165,6 +165,18 @@ func (e *Engine) env(addr string) *Env {
 	return &Env{Addr: addr, State: e.store.For(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal}
 }
 
+// Budget bounds how long one Apply of the whole plan can take: every step's observe, act
+// and verify, one after another, each under its timeout. The reconcile loop takes a pass
+// that runs longer for a hung agent; one that runs long within it (a 52 GB download, a
+// driver install) is working.
+func (e *Engine) Budget() time.Duration {
+	var b time.Duration
+	for addr := range e.resources {
+		b += 3 * e.timeout(addr)
+	}
+	return b
+}
+
 func (e *Engine) timeout(addr string) time.Duration {
 	if t, ok := e.resources[addr].(Timeouter); ok && t.Timeout() > 0 {
 		return t.Timeout()

@@ -403,3 +403,12 @@ func TestHoldIsAskedAgainBeforeTheAction(t *testing.T) {
 		t.Errorf("Hold asked %d times, want 2", n)
 	}
 }
+
+// Budget is every step's observe, act and verify under its own timeout, one after another.
+func TestBudget(t *testing.T) {
+	t.Parallel()
+	e := engine(t, newHost(), "fake \"a\" { value = \"1\" }\nfake \"short_timeout\" { value = \"2\" }\n", Options{StepTimeout: time.Minute})
+	if got, want := e.Budget(), 3*time.Minute+3*50*time.Millisecond; got != want {
+		t.Errorf("Budget = %v, want %v", got, want)
+	}
+}

@@ -121,7 +121,8 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 			}
 		}
 	}
-	waitNote("READY=1")
+	waitNote("READY=1")   // the service is up; the first pass runs
+	waitNote("pass 1 at") // and is done
 	first, err := readRecord(record)
 	if err != nil || !alive(first.PID) || first.Generation != 1 {
 		t.Fatalf("after the first pass: %+v, %v", first, err)

@@ -89,8 +89,11 @@ type Daemon struct {
 	store    *state.Store
 	backoff  map[string]*backoffState
 	lastPass time.Time
-	passes   int
-	lastErr  string // the last plan load error, reported while the old plan runs
+	// passDeadline is when the pass in flight has run past its budget (zero between
+	// passes): until then a long pass is working, not stuck.
+	passDeadline time.Time
+	passes       int
+	lastErr      string // the last plan load error, reported while the old plan runs
 }
 
 type backoffState struct {
@@ -155,6 +158,10 @@ func Run(ctx context.Context, cfg Config) error {
 	defer closeWatch()
 	go d.watchdog(ctx)
 
+	// READY before the first pass: the service is up (the endpoint serves, the loop
+	// runs), and a first pass may take as long as a 52 GB download, far past systemd's
+	// start timeout. STATUS= says when each pass is done.
+	d.notify.Ready("first pass running")
 	d.pass(work)
 	d.notify.Ready(d.summary())
 	for {
@@ -323,6 +330,14 @@ func (d *Daemon) pass(ctx context.Context) {
 		d.metrics.failures.WithLabelValues("").Inc()
 		return
 	}
+	d.mu.Lock()
+	d.passDeadline = time.Now().Add(eng.Budget())
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.passDeadline = time.Time{}
+		d.mu.Unlock()
+	}()
 	rep := eng.Apply(ctx, nil)
 	elapsed := time.Since(start)
 	d.record(rep)
@@ -430,15 +445,32 @@ func (d *Daemon) watch(ctx context.Context) (<-chan struct{}, func()) {
 	return out, func() { w.Close() }
 }
 
-// watchdog pings systemd while the loop makes progress. A pass may legitimately take as
-// long as its slowest step (a 20-minute server start), so the loop counts as stuck only
-// when no pass has finished for that long plus two intervals.
+// stuck reports whether the loop stopped making progress, and for how long. A pass in
+// flight is stuck only once it has run past its budget (agent.Engine.Budget: a 52 GB
+// download or a driver install is working, however long it takes within its timeouts)
+// plus two intervals; between passes, when none has finished for three steps' default
+// time plus three intervals (the next pass may wait an interval, and a lock).
+func (d *Daemon) stuck(now time.Time) (bool, time.Duration) {
+	d.mu.Lock()
+	last, deadline := d.lastPass, d.passDeadline
+	d.mu.Unlock()
+	if !deadline.IsZero() {
+		over := now.Sub(deadline.Add(2 * d.interval()))
+		return over > 0, over
+	}
+	if last.IsZero() {
+		return false, 0 // starting
+	}
+	idle := now.Sub(last)
+	return idle > 3*agent.DefaultStepTimeout+3*d.interval(), idle
+}
+
+// watchdog pings systemd while the loop is not stuck.
 func (d *Daemon) watchdog(ctx context.Context) {
 	every := sdnotify.WatchdogInterval()
 	if every <= 0 {
 		return
 	}
-	stuckAfter := agent.DefaultStepTimeout*3 + 2*d.interval()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -446,10 +478,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.mu.Lock()
-			last := d.lastPass
-			d.mu.Unlock()
-			if last.IsZero() || time.Since(last) < stuckAfter {
+			if stuck, _ := d.stuck(time.Now()); !stuck {
 				d.notify.Watchdog()
 			}
 		}

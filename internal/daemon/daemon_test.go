@@ -217,9 +217,14 @@ mark "a" {
 func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 	t.Parallel()
 	h := start(t, planV1, time.Hour)
-	ready := h.waitNote(t, "READY=1")
+	// READY=1 comes before the first pass (which may take hours); STATUS= says when
+	// each pass is done.
+	if first := h.waitNote(t, "READY=1"); !strings.Contains(first, "STATUS=first pass running") {
+		t.Errorf("first READY notification = %q", first)
+	}
+	ready := h.waitNote(t, "pass 1 at")
 	if !strings.Contains(ready, "STATUS=1 resources, 0 failing") {
-		t.Errorf("READY notification = %q", ready)
+		t.Errorf("notification after the first pass = %q", ready)
 	}
 	a := filepath.Join(h.dir, "a")
 	if b, _ := os.ReadFile(a); string(b) != "v1" {
@@ -465,4 +470,31 @@ func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the last good plan to repair the drift", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
+}
+
+// The watchdog and /healthz call the loop stuck only when it is: a pass in flight within
+// its budget (a long download, a driver install) is working, however long (found in
+// review: a pass past three default step times stopped the watchdog, and systemd would
+// kill the agent mid-install).
+func TestStuck(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	d := &Daemon{cfg: Config{Interval: time.Minute}}
+	for _, tc := range []struct {
+		name           string
+		last, deadline time.Time
+		want           bool
+	}{
+		{"starting", time.Time{}, time.Time{}, false},
+		{"first pass, 2 h into a 3 h budget", time.Time{}, now.Add(time.Hour), false},
+		{"a pass 40 min in, within its budget", now.Add(-41 * time.Minute), now.Add(5 * time.Minute), false},
+		{"a pass past its budget and two intervals", now.Add(-4 * time.Hour), now.Add(-3 * time.Minute), true},
+		{"between passes, recently", now.Add(-2 * time.Minute), time.Time{}, false},
+		{"between passes, none for an hour", now.Add(-time.Hour), time.Time{}, true},
+	} {
+		d.lastPass, d.passDeadline = tc.last, tc.deadline
+		if got, _ := d.stuck(now); got != tc.want {
+			t.Errorf("%s: stuck = %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }

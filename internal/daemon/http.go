@@ -45,7 +45,7 @@ func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "starting: no pass finished yet\n", http.StatusServiceUnavailable)
 		return
 	}
-	if stale := 3*d.interval() + agent.DefaultStepTimeout; time.Since(last) > stale {
+	if stuck, _ := d.stuck(time.Now()); stuck {
 		http.Error(w, "stuck: no pass finished for "+time.Since(last).Round(time.Second).String()+"\n", http.StatusServiceUnavailable)
 		return
 	}
