@@ -149,6 +149,19 @@ func (h *srvHarness) status(vars ...string) *agent.Step {
 	return h.engine(vars...).Status(context.Background()).Steps[0]
 }
 
+// mustLeaveAlone checks that a healthy server matching the plan (generation 1, first) is
+// left alone: plan says no change, and apply keeps the same PID and start time.
+func mustLeaveAlone(t *testing.T, plan, apply func(...string) *agent.Step, record func() serverRecord, first serverRecord) {
+	t.Helper()
+	if st := plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan after apply: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, apply())
+	if r := record(); r.id() != first.id() || r.Generation != 1 || !alive(first.id()) {
+		t.Fatalf("a healthy matching server was touched: %+v", r)
+	}
+}
+
 func mustOK(t *testing.T, st *agent.Step) {
 	t.Helper()
 	if st.Err != nil {
@@ -189,13 +202,7 @@ func TestServerLaunchNoOpAndFlagRelaunch(t *testing.T) {
 	}
 
 	// Healthy and matching: untouched by plan and apply.
-	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
-		t.Fatalf("plan after apply: %v %+v", st.Err, st.Diff)
-	}
-	mustOK(t, h.apply())
-	if r := h.record(); r.id() != first.id() || r.Generation != 1 || !alive(first.id()) {
-		t.Fatalf("a healthy matching server was touched: %+v", r)
-	}
+	mustLeaveAlone(t, h.plan, h.apply, h.record, first)
 
 	st := h.status()
 	mustOK(t, st)
