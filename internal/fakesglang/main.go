@@ -38,15 +38,16 @@ func run(argv []string) int {
 		fmt.Fprintf(os.Stderr, "fake-sglang: %v\n", ferr)
 		return 1
 	}
+	ent, argv := entryOf(append([]string{os.Args[0]}, argv...))
 	a, err := parseArgs(argv)
 	var ae *argError
 	switch {
 	case err == errHelp:
-		fmt.Fprint(os.Stdout, help())
+		fmt.Fprint(os.Stdout, help(ent.prog()))
 		return 0
 	case errors.As(err, &ae):
-		fmt.Fprint(os.Stderr, usage())
-		fmt.Fprintf(os.Stderr, "%s: error: %s\n", prog, ae.msg)
+		fmt.Fprint(os.Stderr, usage(ent.prog()))
+		fmt.Fprintf(os.Stderr, "%s: error: %s\n", ent.prog(), ae.msg)
 		return 2
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "fake-sglang: %v\n", err)
