@@ -207,6 +207,13 @@ func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
 	return m, err
 }
 
+// ScanLines calls fn for every line of r, skipping lines longer than 1 MiB,
+// and stops with ctx's error when ctx is done: the one log reader of SGLang's
+// and the other engines' parsers (package serverlog).
+func ScanLines(ctx context.Context, r io.Reader, fn func(string)) error {
+	return scanLines(ctx, r, fn)
+}
+
 // scanLines calls fn for every line of r, tolerating overlong lines.
 func scanLines(ctx context.Context, r io.Reader, fn func(string)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
