@@ -23,11 +23,13 @@ and collects every `parser.add_argument(...)` call, resolving what argparse woul
   - default= (a literal, or ServerArgs.field resolved to the dataclass default);
   - the program name given to ArgumentParser(prog=...) in prepare_server_args.
 
-Later SGLang moved some fields to annotated dataclass fields (A[T, Arg(...)]) built
-into arguments by arg_groups/arg_utils.py; those are read too when the file (or a
-file given with --extra) has them: the flag is the field name with dashes, bool
-fields are store_true, Arg(aliases=..., choices=..., nargs=..., action=...) apply,
-and no_cli=True fields are skipped.
+Later SGLang moved the fields to annotated dataclass fields (A[T, Arg(...)] or
+A[T, "help"]) that arg_groups/arg_utils.py turns into arguments; those are read too,
+in the file and in the files given with --extra (arg_groups/fields/*.py), by the
+same rules: the flag is Arg(cli_name=) or the field name with dashes, plus
+Arg(aliases=); Optional[T] is T; Literal[...] gives the choices; List[T] takes
+nargs="+"; bool is store_true; Arg(type_parser=, choices=, nargs=, action=,
+required=) apply; a field without a default is required; no_cli=True is skipped.
 
 Standard library only. Output is Go, already gofmt-formatted.
 """
@@ -144,8 +146,25 @@ def spec_from_call(call, names, defaults):
             "required": required, "default": default}
 
 
+def unwrap_optional(node):
+    """Optional[T] and T | None are T."""
+    if isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("Optional", "typing.Optional"):
+        return node.slice
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        if ast.unparse(node.right) == "None":
+            return node.left
+        if ast.unparse(node.left) == "None":
+            return node.right
+    return node
+
+
+def scalar_type(name):
+    return {"int": "typeInt", "float": "typeFloat"}.get(name, "typeStr")
+
+
 def annotated_specs(tree, names):
-    """Fields written as NAME: A[T, Arg(...)] = default (the later dataclass layout)."""
+    """Fields written as NAME: A[T, Arg(...)] = default (the later dataclass layout),
+    built the way arg_groups/arg_utils.py's add_cli_args_from_dataclass builds them."""
     out = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef):
@@ -154,47 +173,63 @@ def annotated_specs(tree, names):
             if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
                 continue
             ann = item.annotation
-            if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id in ("A", "Annotated")):
+            if not (isinstance(ann, ast.Subscript) and ast.unparse(ann.value) in ("A", "Annotated", "typing.Annotated")):
                 continue
             elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
             if len(elts) < 2:
                 continue
-            base = ast.unparse(elts[0])
             meta = elts[1]
-            kw = {}
             if isinstance(meta, ast.Call) and ast.unparse(meta.func) == "Arg":
                 kw = {k.arg: k.value for k in meta.keywords if k.arg}
+            elif isinstance(meta, ast.Constant) and isinstance(meta.value, str):
+                kw = {}  # A[T, "help"]: an argument with help only
+            else:
+                continue
             if "no_cli" in kw and literal(kw["no_cli"], names) is True:
                 continue
-            flag = "--" + item.target.id.replace("_", "-")
-            opts = [flag]
+            cli = literal(kw["cli_name"], names) if "cli_name" in kw else None
+            opts = [cli or "--" + item.target.id.replace("_", "-")]
             if "aliases" in kw:
                 al = literal(kw["aliases"], names)
                 if isinstance(al, (list, tuple)):
-                    opts += [str(a) for a in al]
-            default = None
-            if item.value is not None:
+                    opts += [str(x) for x in al]
+            # The default: a literal, field(default=...), or field(default_factory=...).
+            has_default, default = item.value is not None, None
+            if isinstance(item.value, ast.Call) and ast.unparse(item.value.func).endswith("field"):
+                fkw = {k.arg: k.value for k in item.value.keywords if k.arg}
+                has_default = "default" in fkw or "default_factory" in fkw
+                if "default" in fkw:
+                    default = literal(fkw["default"], names)
+            elif item.value is not None:
                 default = literal(item.value, names)
-            typ = "typeStr"
-            for k, v in (("bool", "typeBool"), ("int", "typeInt"), ("float", "typeFloat")):
-                if base == k or base == "Optional[%s]" % k:
-                    typ = v
-            if "type_parser" in kw:
-                typ = TYPES.get(ast.unparse(kw["type_parser"]), typ)
-            if "action" in kw:
-                typ = NO_VALUE_ACTIONS.get(ast.unparse(kw["action"]), typ)
+            choices = None
+            if "choices" in kw:
+                c = literal(kw["choices"], names)
+                if isinstance(c, (list, tuple, set, frozenset)):
+                    choices = [str(x) for x in c]
             nargs = ""
             if "nargs" in kw:
                 n = literal(kw["nargs"], names)
                 nargs = "" if n is None else str(n)
-            elif base.startswith("List[") or base.startswith("Optional[List["):
-                nargs = "+"
-            choices = None
-            if "choices" in kw:
-                c = literal(kw["choices"], names)
-                if isinstance(c, (list, tuple)):
-                    choices = [str(x) for x in c]
-            required = item.value is None and typ != "typeBool"
+            parser_type = TYPES.get(ast.unparse(kw["type_parser"]), "typeStr") if "type_parser" in kw else None
+            inner = unwrap_optional(elts[0])
+            required = False
+            if "action" in kw:
+                typ = NO_VALUE_ACTIONS.get(ast.unparse(kw["action"]), "typeStr")
+            elif isinstance(inner, ast.Subscript) and ast.unparse(inner.value) in ("Literal", "typing.Literal"):
+                vals = inner.slice.elts if isinstance(inner.slice, ast.Tuple) else [inner.slice]
+                vals = [literal(v, names) for v in vals]
+                choices = choices or [str(v) for v in vals]
+                typ = parser_type or ("typeInt" if vals and isinstance(vals[0], int) and not isinstance(vals[0], bool) else "typeStr")
+            elif isinstance(inner, ast.Subscript) and ast.unparse(inner.value) in ("List", "list", "typing.List") and parser_type is None:
+                typ = scalar_type(ast.unparse(inner.slice))
+                nargs = nargs or "+"
+            elif ast.unparse(inner) == "bool":
+                typ = "typeBool"
+            else:
+                typ = parser_type or scalar_type(ast.unparse(inner))
+                req = literal(kw["required"], names) if "required" in kw else None
+                required = req is True or (req is None and not has_default)
             out.append({"names": opts, "typ": typ, "nargs": nargs, "choices": choices,
                         "required": required, "default": default})
     return out
