@@ -31,6 +31,9 @@
 //	loop             chat answers loop a sentence unless presence_penalty > 0
 //	hybrid           print the hybrid (mamba) decode line form
 //
+// With --enable-dp-attention and --dp-size N, each of the N DP ranks logs its own
+// "[ts DPi TPj] Decode batch" line and exports its own dp_rank series, as SGLang does.
+//
 // FAKE_SGLANG_DECODE_INTERVAL (Go duration, default 1s, 0 = never) paces the
 // periodic "Decode batch, ..." line; one is also printed after each chat
 // request. Children are the same binary re-executed with FAKE_SGLANG_ROLE set;

@@ -90,6 +90,34 @@ func TestReadyServesAndReportsMetrics(t *testing.T) {
 	}
 }
 
+// With DP attention each DP rank logs its decode lines and exports its series:
+// the agent's parsers add the ranks' throughput up, from the log and /metrics.
+func TestDPAttentionRanksAddUp(t *testing.T) {
+	t.Parallel()
+	ctx := ctxWait(t)
+	p := launch(t, "", "--model-path", t.TempDir(), "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--enable-metrics")
+	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, "DP1 TP2] Decode batch, ")
+	m, err := sglang.ScanMetrics(ctx, strings.NewReader(p.logText()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.GenThroughput == nil || *m.GenThroughput < 2*60.47 || *m.GenThroughput > 2*62.1 {
+		t.Errorf("log: gen throughput %v, want two ranks' sum", m.GenThroughput)
+	}
+	code, body, err := get(ctx, p.url("/metrics"))
+	if err != nil || code != http.StatusOK || !strings.Contains(body, `dp_rank="1"`) {
+		t.Fatalf("/metrics = %d, %v:\n%s", code, err, body)
+	}
+	pm, err := sglang.ParsePrometheus(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm.GenThroughput == nil || *pm.GenThroughput < 2*60.47 || *pm.GenThroughput > 2*62.1 || pm.AcceptLen != nil {
+		t.Errorf("/metrics: gen throughput %v (want the sum), accept len %v (want none: no speculative decoding)", pm.GenThroughput, pm.AcceptLen)
+	}
+}
+
 func TestMetricsOnlyWithEnableMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
