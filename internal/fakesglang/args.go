@@ -9,10 +9,9 @@ import (
 	"strings"
 )
 
-//go:generate sh -c "python3 ../../scripts/gen-sglang-flags.py \"$SGLANG_SERVER_ARGS\" --label \"$SGLANG_LABEL\" > flags_gen.go"
-
 // The flag table (specs, parserProg) is generated from SGLang's own server_args.py by
-// scripts/gen-sglang-flags.py into flags_gen.go; docs/server.md says how to refresh it.
+// scripts/gen-sglang-flags.py into flags_gen.go; docs/serving-logs.md says how to
+// refresh it. (No go:generate: the script needs a checkout of SGLang to read.)
 
 type argType int
 
