@@ -380,10 +380,9 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 	if err != nil {
 		return nil, err
 	}
-	diff := &agent.Diff{Action: agent.Update, Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
+	diff := &agent.Diff{Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
 	if _, err := os.Stat(d.dest); errors.Is(err, os.ErrNotExist) {
-		diff.Action = agent.Create
-		diff.Add(agent.Added("dest", d.dest))
+		diff.Add(agent.Added("dest", d.dest).Because(agent.Creates, agent.ReasonMissing))
 	}
 	if h := prev.Hub; d.hub != nil && h != nil && h.Endpoint == d.hub.endpoint && h.Repo == d.hub.repo &&
 		h.Commit != t.listing.Commit && !res.Converged() {
@@ -402,23 +401,21 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		}
 		switch {
 		case fs.State == fetch.StateVerify:
-			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: fs.Reason, New: "re-verify " + size, Note: "hashed, re-downloaded if wrong"})
+			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("re-verify " + size), Note: "hashed, re-downloaded if wrong", Reason: agent.ReasonUnverified})
 		case fs.Size >= 0:
-			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: fs.Reason, New: "download " + size})
+			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("download " + size), Reason: agent.ReasonDiffers})
 		case fs.Partial > 0:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw(fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))), Reason: agent.ReasonMissing})
 		default:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: "download " + size})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw("download " + size), Reason: agent.ReasonMissing})
 		}
 		missing++
 	}
 	diff.Warnings = append(diff.Warnings, extraWarnings(res.Extra)...)
 	if missing == 0 {
-		diff.Action = agent.NoOp
 		diff.Changes = nil
-		return diff, nil
 	}
-	return diff, nil
+	return diff.Derive(), nil
 }
 
 func extraWarnings(extra []string) []string {
