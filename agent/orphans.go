@@ -37,7 +37,7 @@ const (
 
 // ErrDeletesAll is wrapped by the refusal of an apply that would delete every resource of
 // a guarded kind while the plan keeps none.
-var ErrDeletesAll = errors.New("this apply would delete every one of them and the plan keeps none")
+var ErrDeletesAll = errors.New("refused")
 
 func (e *Engine) pruning() bool {
 	return e.destroying || e.opts.Orphans == OrphansDelete || e.plan.Agent.Prune
@@ -212,8 +212,9 @@ func (e *Engine) movedFromPairs() map[string]string {
 }
 
 // guardDeleteAll refuses, for each guarded kind (Kind.Guarded: server), deleting every
-// one the agent manages when the plan keeps none: the plan of a host whose var file went
-// missing is empty, and its apply must not stop every server. It returns the refused
+// orphan of that kind when the plan keeps none of it: the plan of a host whose var file
+// went missing is empty, and its apply must not stop every server. An explicit
+// ensure = "absent" is the plan's own word and is never refused. It returns the refused
 // addresses; Options.AllowDeleteAll skips it.
 func (e *Engine) guardDeleteAll(ctx context.Context) map[string]error {
 	refused := map[string]error{}
@@ -221,39 +222,29 @@ func (e *Engine) guardDeleteAll(ctx context.Context) map[string]error {
 		if !k.Guarded {
 			continue
 		}
-		var candidates []string
 		keeps := false
 		for _, r := range e.plan.Resources {
-			if r.Type != typ {
-				continue
+			if en, ok := e.resources[r.Addr].(Ensurer); r.Type == typ && !(ok && en.Absent()) {
+				keeps = true
 			}
-			if en, ok := e.resources[r.Addr].(Ensurer); ok && en.Absent() {
-				if e.graph.Has(r.Addr) {
-					candidates = append(candidates, r.Addr)
-				}
-				continue
-			}
-			keeps = true
 		}
 		if keeps {
 			continue
 		}
-		for _, o := range e.orphans {
-			if strings.HasPrefix(o, typ+".") {
-				candidates = append(candidates, o)
-			}
-		}
 		var deletes []string
-		for _, a := range candidates {
-			if d, err := e.check(ctx, a); err == nil && d.Action == Delete {
-				deletes = append(deletes, a)
+		for _, o := range e.orphans {
+			if !strings.HasPrefix(o, typ+".") {
+				continue
+			}
+			if d, err := e.check(ctx, o); err == nil && d.Action == Delete {
+				deletes = append(deletes, o)
 			}
 		}
 		if len(deletes) == 0 {
 			continue
 		}
 		sort.Strings(deletes)
-		err := fmt.Errorf("%w: every %s this agent manages (%s) would be deleted; if that is intended pass --allow-delete-all, or use agent destroy (a missing -var-file can empty a plan)",
+		err := fmt.Errorf("%w: every %s this agent manages (%s) would be deleted, and the plan declares none; if that is intended pass --allow-delete-all, or use agent destroy (a missing -var-file can empty a plan)",
 			ErrDeletesAll, typ, strings.Join(deletes, ", "))
 		for _, a := range deletes {
 			refused[a] = err

@@ -20,6 +20,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -39,6 +40,7 @@ type ContainerConfig struct {
 	NvidiaInstaller *ContainerInstallerConfig `hcl:"nvidia_installer,block"`
 	Running         *bool                     `hcl:"running,optional"`
 	StopTimeout     *string                   `hcl:"stop_timeout,optional"`
+	Ensure          *string                   `hcl:"ensure,optional"` // "absent": container_delete.go
 
 	GPUs    []ContainerGPUConfig    `hcl:"gpu,block"`
 	Disks   []ContainerDiskConfig   `hcl:"disk,block"`
@@ -116,6 +118,8 @@ type Container struct {
 	host    Host
 	mu      sync.Mutex
 	clients map[string]*incus.Client
+
+	deletion // ensure = "absent", agent destroy, an orphan: container_delete.go
 }
 
 var (
@@ -125,16 +129,19 @@ var (
 
 // ContainerKind is the `container` resource kind, acting on h.
 func ContainerKind(h Host) agent.Kind {
-	return agent.NewKind("container", func(r *plans.Resource, c *ContainerConfig) (agent.Resource, hcl.Diagnostics) {
+	k := agent.NewKind("container", func(r *plans.Resource, c *ContainerConfig) (agent.Resource, hcl.Diagnostics) {
 		res, diags := bindContainer(r, c)
 		if res != nil {
 			res.host = h
+			diags = append(diags, res.bindEnsure(r, c.Ensure)...)
 		}
 		if diags.HasErrors() {
 			return nil, diags
 		}
 		return res, diags
 	})
+	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) { return orphanContainer(h, addr, st) }
+	return k
 }
 
 // serverOwned reports whether Incus sets and owns a config key: never diffed, never
@@ -375,6 +382,7 @@ func (r containerRecord) of(name, uuid string) bool {
 // containerDetail is what Check decided, for Apply.
 type containerDetail struct {
 	create, replace bool
+	remove, forget  bool   // delete the instance (ensure = "absent"); drop the record only
 	fingerprint     string // resolved image, for create and replace
 	imageRecord     string // the image attribute to record (the plan's, or the recorded one)
 	uuid            string // the observed instance's volatile.uuid
@@ -454,6 +462,9 @@ func resolveImage(ctx context.Context, c *incus.Client, image string) (string, e
 
 // Check observes the instance and compares it with the plan.
 func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if k.absent {
+		return k.checkAbsent(ctx, env)
+	}
 	c := k.client(env)
 	var rec containerRecord
 	if env != nil && env.State != nil {
@@ -755,6 +766,9 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	det, ok := d.Detail.(*containerDetail)
 	if !ok {
 		return fmt.Errorf("internal error: container detail is %T", d.Detail)
+	}
+	if k.absent {
+		return k.applyAbsent(ctx, env, det)
 	}
 	c := k.client(env)
 	logf := func(msg string, args ...any) {
@@ -1143,6 +1157,9 @@ func (k *Container) verifyUserspace(ctx context.Context, c *incus.Client, env *a
 // Status reports the instance's live state: status, init PID, addresses, attached GPUs
 // and disks.
 func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
+	if k.absent {
+		return k.absentStatus(ctx, env)
+	}
 	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {

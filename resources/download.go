@@ -32,6 +32,7 @@ type DownloadConfig struct {
 	CheckpointEvery *int64               `hcl:"checkpoint_every,optional"`
 	Files           []DownloadFileConfig `hcl:"file,block"`
 	HuggingFace     *DownloadHubConfig   `hcl:"huggingface,block"`
+	Ensure          *string              `hcl:"ensure,optional"` // "absent": download_delete.go
 }
 
 // DownloadFileConfig is a `file "NAME" { url, sha256, size }` block of a download.
@@ -81,6 +82,8 @@ type Download struct {
 
 	mu   sync.Mutex
 	memo *hubMemo // a branch resolved by this process
+
+	deletion // ensure = "absent", agent destroy, an orphan: download_delete.go
 }
 
 type hubSource struct {
@@ -101,7 +104,18 @@ var (
 
 // DownloadKind is the `download` resource kind.
 func DownloadKind(h Host) agent.Kind {
-	return agent.NewKind("download", bindDownload)
+	k := agent.NewKind("download", func(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
+		res, diags := bindDownload(r, c)
+		if d, ok := res.(*Download); ok && d != nil {
+			diags = append(diags, d.bindEnsure(r, c.Ensure)...)
+		}
+		if diags.HasErrors() {
+			return nil, diags
+		}
+		return res, diags
+	})
+	k.Orphan = orphanDownload
+	return k
 }
 
 func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
@@ -217,6 +231,8 @@ func (d *Download) Timeout() time.Duration { return d.timeout }
 // downloadRecord is the resource's state: the Hub listing (a cache of remote facts, keyed
 // by endpoint, repo and commit) and the progress of a running apply.
 type downloadRecord struct {
+	// Dest is where the files went: an orphan's delete finds its manifest there.
+	Dest     string          `json:"dest,omitempty"`
 	Hub      *hubListing     `json:"huggingface,omitempty"`
 	Progress *progressRecord `json:"progress,omitempty"`
 }
@@ -362,6 +378,9 @@ func (d *Download) token() (string, []string, error) {
 // os.Stat alone: a converged download is confirmed without reading its data (and, pinned to
 // a commit, without the network). Extra files are warnings; they are never deleted.
 func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if d.absent {
+		return d.checkAbsent(env)
+	}
 	var prev downloadRecord
 	if _, err := env.State.Load(&prev); err != nil {
 		return nil, err
@@ -435,7 +454,7 @@ func (d *Download) saveListing(env *agent.Env, l *hubListing) error {
 	if _, err := env.State.Load(&rec); err != nil {
 		return err
 	}
-	rec.Hub = l
+	rec.Hub, rec.Dest = l, d.dest
 	return env.State.Save(&rec)
 }
 
@@ -443,6 +462,9 @@ func (d *Download) saveListing(env *agent.Env, l *hubListing) error {
 // records the Hub commit. Progress goes to the terminal when there is one, and to state
 // (for `agent status` in another process) at most once a second.
 func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) error {
+	if d.absent {
+		return d.applyAbsent(env, diff)
+	}
 	det, ok := diff.Detail.(*downloadDetail)
 	if !ok {
 		return errors.New("internal error: no download detail")
@@ -491,7 +513,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 		}
 		errs = append(errs, fmt.Errorf("%d of %d files not in place (verified files are kept; a re-run resumes the rest): %w", failed, len(files), ferr))
 	}
-	rec.Progress = nil
+	rec.Progress, rec.Dest = nil, d.dest
 	if err := env.State.Save(&rec); err != nil {
 		errs = append(errs, err)
 	}
@@ -502,6 +524,9 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 // of the files and partial files (no data read), and, while an apply in another process is
 // downloading, its bytes, rate and ETA per file from the progress it records in state.
 func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
+	if d.absent {
+		return d.absentStatus(env)
+	}
 	var rec downloadRecord
 	if _, err := env.State.Load(&rec); err != nil {
 		return nil, err

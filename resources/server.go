@@ -626,6 +626,9 @@ type serverDetail struct {
 	stop bool
 	// takeover is a foreign process holding the port, stopped because takeover = true.
 	takeover *proc.Target
+	// lastGen is the generation of a record stopped for good (server_delete.go): a new
+	// launch continues its numbering.
+	lastGen int
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -638,8 +641,9 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if err != nil {
 		return nil, err
 	}
-	if has && !rec.StoppedAt.IsZero() {
-		has = false // stopped for good: a launch is a new start (its log dir numbers it)
+	stopped := has && !rec.StoppedAt.IsZero()
+	if stopped {
+		has = false // stopped for good: a launch is a new start, numbered after it
 	}
 	if has && rec.Pending != nil {
 		if has, err = s.recoverPending(env, &rec); err != nil {
@@ -675,6 +679,9 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	d, err := s.check(ctx, env, lc, has, alive, &rec, missing)
 	if d != nil {
 		d.Derive()
+		if det, ok := d.Detail.(*serverDetail); ok && stopped {
+			det.lastGen = rec.Generation
+		}
 	}
 	if d != nil && noEndpoint != nil {
 		d.Warnings = append(d.Warnings, noEndpoint.Error())
@@ -1013,7 +1020,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	if err != nil {
 		return err // before anything is stopped
 	}
-	prevGen := 0
+	prevGen := det.lastGen
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
