@@ -280,3 +280,17 @@ func TestTypedDiffRendering(t *testing.T) {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+// TestReasonsDocumented keeps docs/json-output.md's reason list equal to the fixed set.
+func TestReasonsDocumented(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/json-output.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range Reasons {
+		if !strings.Contains(string(doc), "`"+string(r)+"`") {
+			t.Errorf("reason %s is not in docs/json-output.md", r)
+		}
+	}
+}

@@ -13,7 +13,7 @@ import (
 
 // FormatVersion is the version of the --json output schema (docs/json-output.md). It
 // changes only when a field changes meaning or disappears; new fields keep it.
-const FormatVersion = "1"
+const FormatVersion = "2"
 
 // Redactor replaces secret values in text that reaches people or machines. Per-attribute
 // Sensitive flags keep known secrets out of diffs; the redactor is the backstop for
