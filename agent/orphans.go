@@ -287,8 +287,16 @@ func (e *Engine) Destroy(ctx context.Context, onEvent func(Event)) *Report {
 	}
 	g := full
 	if len(e.opts.Targets) > 0 {
-		sub, err := full.Closure(e.opts.Targets)
-		if err == nil {
+		// A target and what depends on it; never everything because a target is not
+		// in the plan.
+		var in []string
+		for _, t := range e.opts.Targets {
+			if full.Has(t) {
+				in = append(in, t)
+			}
+		}
+		g = &dag.Graph{}
+		if sub, err := full.Closure(in); err == nil && len(in) > 0 {
 			g = sub
 		}
 	}

@@ -294,3 +294,18 @@ func TestReasonsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// agent destroy --target deletes the target and what depends on it, nothing else.
+func TestDestroyTargetTakesItsDependents(t *testing.T) {
+	t.Parallel()
+	store, _ := state.Open(t.TempDir())
+	log := &deleteLog{}
+	mustApply(t, recEngine(t, store, log, recChain, Options{}).Apply(context.Background(), nil))
+	mustApply(t, recEngine(t, store, log, recChain, Options{Targets: []string{"rec.b"}}).Destroy(context.Background(), nil))
+	if want := []string{"rec.c", "rec.b"}; !slices.Equal(log.order, want) {
+		t.Errorf("destroy --target rec.b deleted %v, want %v", log.order, want)
+	}
+	if got, _ := store.List(); !slices.Equal(got, []string{"rec.a"}) {
+		t.Errorf("records: %v", got)
+	}
+}
