@@ -53,7 +53,7 @@ func orphanContainer(h Host, addr string, st *state.Scoped) (agent.Resource, err
 		return nil, err
 	}
 	if rec.Instance == "" {
-		return nil, fmt.Errorf("the record (written by an older agent) does not name its instance: delete the instance yourself (incus delete), then %s", "the record")
+		return leftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not name its instance: left alone; delete the instance yourself (incus delete), then %s.json in the state directory's resources/", addr)}, nil
 	}
 	return &Container{addr: addr, name: rec.Instance, host: h, stopTimeout: 30 * time.Second, clients: map[string]*incus.Client{},
 		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}, nil

@@ -194,3 +194,20 @@ func TestDownloadEnsureAbsentRemovesOnlyManifestFiles(t *testing.T) {
 		t.Errorf("the operator's file: %q %v", data, err)
 	}
 }
+
+// An orphan whose record cannot say what to delete (an older agent's download record
+// without dest) is left alone with a warning, and never fails the plan.
+func TestOldOrphanRecordLeftAlone(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store := openStore(t, filepath.Join(dir, "state"))
+	if err := store.Save("download.old", map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	src := fmt.Sprintf("file \"f\" {\n  path    = %q\n  content = \"x\"\n}\n", filepath.Join(dir, "f"))
+	rep := testEngine(t, dir, src, KindsFor(Host{}), store, agent.Options{Orphans: agent.OrphansDelete}).Plan(context.Background())
+	st := stepOf(t, rep, "download.old")
+	if st.Err != nil || st.Diff.Action != agent.NoOp || len(st.Diff.Warnings) != 1 || !strings.Contains(st.Diff.Warnings[0], "left alone") {
+		t.Fatalf("old orphan: %v %+v", st.Err, st.Diff)
+	}
+}

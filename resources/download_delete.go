@@ -54,7 +54,7 @@ func orphanDownload(addr string, st *state.Scoped) (agent.Resource, error) {
 		return nil, err
 	}
 	if rec.Dest == "" || !filepath.IsAbs(rec.Dest) {
-		return nil, errors.New("the record does not say where its files are (written by an older agent): delete them yourself, then the record")
+		return leftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not say where its files are: left alone; delete them yourself, then %s.json in the state directory's resources/", addr)}, nil
 	}
 	return &Download{addr: addr, dest: rec.Dest, deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}, nil
 }
