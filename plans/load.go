@@ -118,6 +118,7 @@ func rootSchema(kinds []string) *hcl.BodySchema {
 		{Type: "host"},
 		{Type: "variable", LabelNames: []string{"name"}},
 		{Type: "locals"},
+		{Type: "moved"},
 	}}
 	for _, k := range kinds {
 		s.Blocks = append(s.Blocks, hcl.BlockHeaderSchema{Type: k, LabelNames: []string{"name"}})
@@ -189,7 +190,7 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 		l.diags = append(l.diags, diags...)
 		content = append(content, c)
 	}
-	var varBlocks, localBlocks, resBlocks []*hcl.Block
+	var varBlocks, localBlocks, resBlocks, movedBlocks []*hcl.Block
 	var agentBlock, hostBlock *hcl.Block
 	for _, c := range content {
 		for _, b := range c.Blocks {
@@ -202,6 +203,8 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 				agentBlock = l.single(agentBlock, b)
 			case "host":
 				hostBlock = l.single(hostBlock, b)
+			case "moved":
+				movedBlocks = append(movedBlocks, b)
 			default:
 				resBlocks = append(resBlocks, b)
 			}
@@ -214,6 +217,7 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 	l.decodeAgent(agentBlock)
 	l.decodeHost(hostBlock)
 	l.decodeResources()
+	l.decodeMoved(movedBlocks)
 	sortDiagnostics(l.diags)
 	return l.plan, l.diags
 }
@@ -665,6 +669,7 @@ type agentBlock struct {
 	Interval      *string `hcl:"interval,optional"`
 	MetricsListen *string `hcl:"metrics_listen,optional"`
 	IncusSocket   *string `hcl:"incus_socket,optional"`
+	Prune         *bool   `hcl:"prune,optional"`
 }
 
 func (l *loader) decodeAgent(b *hcl.Block) {
@@ -681,6 +686,7 @@ func (l *loader) decodeAgent(b *hcl.Block) {
 	s.StateDir = deref(a.StateDir)
 	s.MetricsListen = deref(a.MetricsListen)
 	s.IncusSocket = deref(a.IncusSocket)
+	s.Prune = deref(a.Prune)
 	if a.Interval != nil {
 		d, err := time.ParseDuration(*a.Interval)
 		if err != nil || d <= 0 {
