@@ -8,6 +8,9 @@ cd "$(dirname "$0")/../.."
 root=${QUICKSTART_ROOT:-/tmp/agent-quickstart}
 state="$root/state"
 mkdir -p "$root" bin
+# go-nvml's header marks some functions deprecated; without this the first build prints
+# a hundred lines of C warnings that mean nothing to a newcomer.
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go build -o bin/agent .
 go build -o bin/fake-sglang ./internal/fakesglang
 fake="$(pwd)/bin/fake-sglang"
