@@ -192,7 +192,7 @@ func TestDeleteAllGuard(t *testing.T) {
 	log := &deleteLog{}
 	mustApply(t, recEngine(t, store, log, `rec "a" { value = "1" }`, Options{}).Apply(context.Background(), nil))
 	rep := recEngine(t, store, log, ``, Options{Orphans: OrphansDelete}).Apply(context.Background(), nil)
-	if st := rep.Steps[0]; !errorsIs(st.Err, ErrDeletesAll) || len(log.order) != 0 {
+	if st := rep.Steps[0]; !errors.Is(st.Err, ErrDeletesAll) || len(log.order) != 0 {
 		t.Fatalf("guard: %v, deleted %v", st.Err, log.order)
 	}
 	absent := `rec "a" {
@@ -278,8 +278,6 @@ func TestTypedDiffRendering(t *testing.T) {
 		t.Error("a value was encoded twice, or a secret printed")
 	}
 }
-
-func errorsIs(err, target error) bool { return errors.Is(err, target) }
 
 // TestReasonsDocumented keeps docs/json-output.md's reason list equal to the fixed set.
 func TestReasonsDocumented(t *testing.T) {
