@@ -243,7 +243,7 @@ func TestTypedDiffRendering(t *testing.T) {
 	d := (&Diff{}).
 		Add(Set("mode", "0644", "0600")).
 		Add(Set(`flags["mem-fraction-static"]`, json.Number("0.8"), json.Number("0.85")).Because(Restarts, ReasonIdentity)).
-		Add(Added("argv", []string{"python3", "-m", "sglang.launch_server"}).Because(InPlace, ReasonDiffers)).
+		Add(Added("argv", CommandLine{"python3", "-m", "sglang.launch_server", "--model-path", "/srv/models/Qwen 3", "--tp-size", "2", "--enable-metrics"}).Because(InPlace, ReasonDiffers)).
 		Add(Set("running", false, true)).
 		Add(Removed("secret", "hunter22").Because(InPlace, ReasonDiffers))
 	d.Changes[4].Sensitive = true
@@ -254,7 +254,11 @@ func TestTypedDiffRendering(t *testing.T) {
 	if orphan.Action != Delete {
 		t.Fatalf("derived %s, want delete", orphan.Action)
 	}
-	rep := &Report{Steps: []*Step{{Addr: "server.old", Diff: orphan, Orphan: true}, {Addr: "server.qwen", Diff: d}}}
+	relaunch := (&Diff{}).Add(Set("argv",
+		CommandLine{"/opt/sglang/bin/sglang", "serve", "--mem-fraction-static", "0.85", "--tp-size=2", "--log-level", "info", "--enable-metrics"},
+		CommandLine{"/opt/sglang/bin/sglang", "serve", "--mem-fraction-static", "0.8", "--tp-size=2", "--served-model-name", "it's", "--enable-metrics"},
+	).Because(Restarts, ReasonIdentity)).Derive()
+	rep := &Report{Steps: []*Step{{Addr: "server.old", Diff: orphan, Orphan: true}, {Addr: "server.qwen", Diff: d}, {Addr: "server.tuned", Diff: relaunch}}}
 	var human, js bytes.Buffer
 	(&View{W: &human}).Plan(rep)
 	if err := WriteJSON(&js, JSON("plan", rep, &plans.Plan{}, NewRedactor([]string{"hunter22"}))); err != nil {

@@ -102,6 +102,9 @@ func (v *View) diff(st *Step) {
 	v.printf("  %s %s (%s)\n", d.Action.Symbol(), st.Addr, d.Action)
 	for _, c := range d.Changes {
 		v.printf("      %s\n", changeLine(c))
+		for _, l := range changeMore(c) {
+			v.printf("            %s\n", l)
+		}
 		if c.Text != "" && !c.Sensitive {
 			for _, line := range strings.Split(strings.TrimRight(c.Text, "\n"), "\n") {
 				v.printf("          %s\n", line)
@@ -113,7 +116,38 @@ func (v *View) diff(st *Step) {
 	}
 }
 
+// changeMore is what a change shows below its line: a command line's flags, one per
+// line (all of them when it appears, the ones that differ when it changes).
+func changeMore(c Change) []string {
+	if c.Sensitive {
+		return nil
+	}
+	o, oldCmd := c.Old.(CommandLine)
+	n, newCmd := c.New.(CommandLine)
+	switch {
+	case c.HasOld && c.HasNew && oldCmd && newCmd:
+		return commandLineDiff(o, n)
+	case c.HasNew && !c.HasOld && newCmd:
+		return n.lines()
+	case c.HasOld && !c.HasNew && oldCmd:
+		return o.lines()
+	}
+	return nil
+}
+
 func changeLine(c Change) string {
+	if !c.Sensitive && len(changeMore(c)) > 0 {
+		// The lines below say it all; the head says what kind of change it is.
+		sym := map[bool]string{true: "+", false: "~"}[!c.HasOld]
+		if !c.HasNew {
+			sym = "-"
+		}
+		line := sym + " " + c.Attr
+		if note := noteOf(c); note != "" {
+			line += "  (" + note + ")"
+		}
+		return line
+	}
 	sym := "~"
 	switch {
 	case c.HasNew && !c.HasOld:

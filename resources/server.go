@@ -571,7 +571,7 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 		add(agent.Set("user", rec.User, want.User))
 	}
 	if len(out) == 0 && !slices.Equal(rec.Argv, want.Argv) {
-		add(agent.Set("argv", rec.Argv, want.Argv))
+		add(agent.Set("argv", agent.CommandLine(rec.Argv), agent.CommandLine(want.Argv)))
 	}
 	return out
 }
@@ -724,7 +724,7 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		}
 		d.Changes = append(d.Changes, s.identityChanges(&rec)...)
 	} else {
-		d.Add(agent.Added("argv", s.argv()).Because(agent.Creates, agent.ReasonMissing))
+		d.Add(agent.Added("argv", agent.CommandLine(s.argv())).Because(agent.Creates, agent.ReasonMissing))
 		if len(s.env) > 0 {
 			c := agent.Added("env", agent.Raw(fmt.Sprintf("%d variables", len(s.env))))
 			c.Sensitive = s.envSensitive
