@@ -206,6 +206,11 @@ func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) 
 	if attr.Credential != nil {
 		_ = f.Chown(int(attr.Credential.Uid), int(attr.Credential.Gid))
 	}
+	if systemdRuns() { // systemd_unit.go
+		if st, err := h.startInUnit(ctx, s, log, f); !errors.Is(err, errNoUnit) {
+			return st, err
+		}
+	}
 	cmd := exec.Command(s.Argv[0], s.Argv[1:]...)
 	cmd.Args = s.Argv
 	cmd.Env = s.Environ()

@@ -31,7 +31,7 @@ const (
 	watchdogSec = 15
 	// maxExposure is the unit's measured `systemd-analyze security` level (docs/service.md),
 	// rounded up: a setting dropped from the unit shows here.
-	maxExposure = 9.9
+	maxExposure = 5.4
 )
 
 // plan is the plan under test: one server whose first start is slow (slowStart), and a
@@ -169,9 +169,16 @@ func TestInstalledService(t *testing.T) {
 		t.Fatalf("the planted secret did not reach the server (the journal check would be vacuous)")
 	}
 
-	// SIGKILL of the agent: systemd restarts it, the server is untouched and adopted.
+	// Point 2: the server runs in a transient unit of its own, not in agent.service.
+	cgroup := c.must("cat", "/proc/"+strconv.Itoa(ready.PID)+"/cgroup")
+	if !strings.Contains(cgroup, "/agent-server-qwen-") || strings.Contains(cgroup, "/agent.service") {
+		t.Fatalf("the server's cgroup is not a unit of its own:\n%s", cgroup)
+	}
+
+	// SIGKILL of the agent, every process of its unit (systemctl kill's default): systemd
+	// restarts it, the server is untouched and adopted.
 	mainPID := c.mainPID()
-	c.must("systemctl", "kill", "--kill-who=main", "-s", "SIGKILL", "agent")
+	c.must("systemctl", "kill", "-s", "SIGKILL", "agent")
 	c.waitMainPIDChange("the restart after SIGKILL", mainPID, time.Minute)
 	c.waitActive(time.Minute)
 	if c.identity(ready.PID) != server {
@@ -211,6 +218,10 @@ func TestInstalledService(t *testing.T) {
 	if _, code := c.exec("test", "-e", "/proc/"+strconv.Itoa(ready.PID)); code == 0 && c.identity(ready.PID) == server {
 		t.Fatalf("the old server (PID %d) still runs after the relaunch", ready.PID)
 	}
+	// The old generation's unit went with it: systemd saw its cgroup empty.
+	if out := c.run("systemctl", "list-units", "--all", "--no-legend", fmt.Sprintf("agent-server-qwen-%d-*", ready.Generation)); strings.TrimSpace(out) != "" {
+		t.Errorf("the stopped generation's unit is still there:\n%s", out)
+	}
 	if !strings.Contains(c.run("cat", "/proc/"+strconv.Itoa(second.PID)+"/cmdline"), "0.8") {
 		t.Errorf("the relaunched server does not run the edited flags")
 	}
@@ -246,6 +257,9 @@ func TestInstalledService(t *testing.T) {
 	j := c.run("journalctl", "--no-pager", "-o", "cat", "-u", "agent")
 	if strings.Contains(j, secret) {
 		t.Errorf("the planted secret is in the agent's journal")
+	}
+	if strings.Contains(j, "left-over process") {
+		t.Errorf("systemd found left-over processes in agent.service: the servers are not in units of their own")
 	}
 	if !strings.Contains(j, "server.qwen") {
 		t.Errorf("the journal has no line about server.qwen (is it the agent's?):\n%s", j)
