@@ -41,11 +41,8 @@ for f in packaging/*.rules.yml; do
 	[ -e "$f" ] && install -D -m 0644 "$f" "$root/usr/share/doc/agent/examples/$(basename "$f")"
 done
 cat >"$root/usr/share/doc/agent/copyright" <<'COPYRIGHT'
-Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
-Upstream-Name: agent
-Files: *
-Copyright: the agent authors
-License: see the source repository
+agent: declarative provisioning agent for GPU inference hosts.
+Copyright: the agent authors. License: see the source repository.
 COPYRIGHT
 
 for s in postinst prerm postrm; do
