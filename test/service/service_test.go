@@ -83,7 +83,7 @@ func TestInstalledService(t *testing.T) {
 	}
 	d := incusd.Start(t)
 	image := d.DebianImage(t)
-	deb := buildDeb(t)
+	deb := buildDeb(t, "")
 	fake := testbin.FakeSGLang(t)
 
 	c := &container{t: t, c: d.Client, name: d.InstanceName(t)}
@@ -231,6 +231,17 @@ func TestInstalledService(t *testing.T) {
 		t.Errorf("the relaunched server does not run the edited flags")
 	}
 
+	// An upgrade (dpkg -i of a newer package) restarts the agent, never the server.
+	secondID := c.identity(second.PID)
+	c.push("/root/agent-upgrade.deb", readFile(t, buildDeb(t, "1~upgrade")), 0o644)
+	mainPID = c.mainPID()
+	c.must("dpkg", "-i", "/root/agent-upgrade.deb")
+	c.waitMainPIDChange("the restart by the upgrade", mainPID, time.Minute)
+	c.waitActive(time.Minute)
+	if c.identity(second.PID) != secondID {
+		t.Fatalf("the upgrade stopped the server (PID %d)", second.PID)
+	}
+
 	// Stop: the agent goes, the server stays.
 	c.must("systemctl", "stop", "agent")
 	if got := strings.TrimSpace(c.run("systemctl", "is-active", "agent")); got != "inactive" {
@@ -272,14 +283,26 @@ func TestInstalledService(t *testing.T) {
 	if all := c.run("journalctl", "--no-pager", "-o", "cat"); strings.Contains(all, secret) {
 		t.Errorf("the planted secret is in the journal")
 	}
+
+	// Removal disables the agent and leaves the server and the state alone.
+	c.must("dpkg", "-r", "agent")
+	if _, code := c.exec("test", "-e", "/lib/systemd/system/agent.service"); code == 0 {
+		t.Errorf("the unit is still installed after dpkg -r")
+	}
+	if c.identity(second.PID) != secondID {
+		t.Errorf("dpkg -r agent stopped the server (PID %d)", second.PID)
+	}
+	c.must("test", "-e", "/var/lib/agent/resources/server.qwen.json")
 }
 
-// buildDeb builds the package with scripts/build-deb.sh.
-func buildDeb(t *testing.T) string {
+// buildDeb builds the package with scripts/build-deb.sh; version "" is the script's
+// default.
+func buildDeb(t *testing.T, version string) string {
 	t.Helper()
 	out := t.TempDir()
 	cmd := exec.Command("sh", "scripts/build-deb.sh", out)
 	cmd.Dir = filepath.Join("..", "..")
+	cmd.Env = append(os.Environ(), "VERSION="+version)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	b, err := cmd.Output()
