@@ -40,6 +40,7 @@ type ServerConfig struct {
 	Args           []string           `hcl:"args,optional"`
 	Env            map[string]string  `hcl:"env,optional"`
 	Workdir        *string            `hcl:"workdir,optional"`
+	Home           *string            `hcl:"home,optional"`
 	User           *string            `hcl:"user,optional"`
 	Port           *int               `hcl:"port,optional"`
 	Ready          *ServerReadyConfig `hcl:"ready,block"`
@@ -104,6 +105,7 @@ type Server struct {
 	args           []string
 	env            map[string]string
 	workdir, user  string
+	home           string // as declared; "" for the default (serverHome)
 	port           int
 	ready          lifecycle.Ready
 	stopSignal     syscall.Signal
@@ -210,6 +212,12 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		s.workdir = *c.Workdir
 		if !filepath.IsAbs(s.workdir) {
 			bad(r.Range("workdir"), "Relative workdir", "workdir must be an absolute path.")
+		}
+	}
+	if c.Home != nil {
+		s.home = *c.Home
+		if !filepath.IsAbs(s.home) {
+			bad(r.Range("home"), "Relative home", "home must be an absolute path.")
 		}
 	}
 	if c.LogDir != nil {
@@ -494,6 +502,7 @@ type serverRecord struct {
 	Env     map[string]string `json:"env,omitempty"`
 	Workdir string            `json:"workdir"`
 	User    string            `json:"user,omitempty"`
+	Home    string            `json:"home,omitempty"` // only when declared
 	Port    int               `json:"port,omitempty"`
 
 	// StoppedAt is when the agent stopped it for good (ensure = "absent", agent destroy):
@@ -518,7 +527,7 @@ func (r *serverRecord) target() proc.Target {
 func (s *Server) record() serverRecord {
 	r := serverRecord{
 		Place: s.place, Argv: s.argv(), Command: slices.Clone(s.command), Flags: s.flagDisplay(),
-		Args: slices.Clone(s.args), Env: maps.Clone(s.env), Workdir: s.workdir, User: s.user, Port: s.port,
+		Args: slices.Clone(s.args), Env: maps.Clone(s.env), Workdir: s.workdir, User: s.user, Home: s.home, Port: s.port,
 		StopSignal: int(s.stopSignal), StopTimeout: s.stopTimeout,
 	}
 	// Secrets never reach the state file: values derived from a sensitive variable are
@@ -566,6 +575,9 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 	}
 	if rec.Workdir != want.Workdir {
 		add(agent.Set("workdir", rec.Workdir, want.Workdir))
+	}
+	if rec.Home != want.Home {
+		add(agent.Set("home", rec.Home, want.Home))
 	}
 	if rec.User != want.User {
 		add(agent.Set("user", rec.User, want.User))
@@ -1069,7 +1081,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	}
 	marker := fmt.Sprintf("AGENT_SERVER=%s#%d@%d", s.addr, gen, env.Now().UnixNano())
 	want := s.record()
-	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker}
+	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker, Home: s.serverHome(env)}
 	// The intent goes to state before the process exists (see serverRecord.Pending).
 	intent := want
 	intent.Generation, intent.Marker = gen, marker

@@ -1,6 +1,8 @@
 #!/bin/sh
 # install-incus.sh: install what the Incus integration tests need
-# (internal/incus/incustest): the Incus daemon and a static busybox.
+# (internal/incus/incustest): the Incus daemon and a static busybox; debootstrap, which
+# builds the Debian root filesystem of the service test (test/service); and promtool
+# (Debian's prometheus package) for the alerting rules' tests (packaging/).
 #
 # Run as root on Debian bookworm (incus comes from bookworm-backports, which
 # is enabled if missing, on the mirror the host already uses) or on a newer
@@ -13,7 +15,7 @@
 set -eu
 
 INCUS_PACKAGE=${INCUS_PACKAGE:-incus-base}
-PACKAGES="$INCUS_PACKAGE busybox-static uidmap"
+PACKAGES="$INCUS_PACKAGE busybox-static uidmap debootstrap prometheus"
 
 say() { printf 'install-incus: %s\n' "$*"; }
 die() { printf 'install-incus: %s\n' "$*" >&2; exit 1; }
@@ -51,11 +53,20 @@ if [ "$codename" = bookworm ]; then
 	release_opt="-t bookworm-backports"
 fi
 
+had_prometheus=""
+installed prometheus && had_prometheus=yes
+
 say "installing $PACKAGES"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2086 # word splitting of the option and list is intended
 apt-get install -y -qq --no-install-recommends $release_opt $PACKAGES >/dev/null
+
+# The prometheus package starts a Prometheus server where systemd runs: the tests need
+# only its promtool.
+if [ -d /run/systemd/system ] && [ -z "$had_prometheus" ]; then
+	systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
 
 incusd=""
 for p in /usr/libexec/incus/incusd /usr/lib/incus/incusd /usr/sbin/incusd; do
@@ -63,4 +74,6 @@ for p in /usr/libexec/incus/incusd /usr/lib/incus/incusd /usr/sbin/incusd; do
 done
 [ -n "$incusd" ] || die "incusd not found after installing $INCUS_PACKAGE"
 [ -x /bin/busybox ] || die "/bin/busybox missing after installing busybox-static"
-say "done: $incusd ($(dpkg-query -W -f='${Version}' "$INCUS_PACKAGE")), /bin/busybox"
+command -v debootstrap >/dev/null 2>&1 || die "debootstrap missing after installing it"
+command -v promtool >/dev/null 2>&1 || die "promtool missing after installing prometheus"
+say "done: $incusd ($(dpkg-query -W -f='${Version}' "$INCUS_PACKAGE")), /bin/busybox, debootstrap, promtool"

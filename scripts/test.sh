@@ -3,8 +3,10 @@
 #
 # It first installs what the tests need and a fresh machine lacks (as root; skipped when
 # already present): gcc for cgo (go-nvml), the Incus daemon from bookworm-backports and a
-# static busybox for the container tests. Then: go vet, the whole suite, and a short run
-# of the fuzz targets. With CI=true a test that would skip for a missing Incus fails.
+# static busybox for the container tests, debootstrap for the service test (test/service,
+# which builds a Debian root filesystem once and caches it in /var/cache/agent-test) and
+# promtool for the alerting rules. Then: go vet, the whole suite, and a short run of the
+# fuzz targets. With CI=true a test that would skip for a missing one of them fails.
 set -eu
 cd "$(dirname "$0")/.."
 

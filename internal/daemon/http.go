@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/agent-dev/agent/agent"
@@ -85,6 +86,7 @@ func newMetrics() *metrics {
 		status: &statusCollector{},
 	}
 	m.reg.MustRegister(m.passes, m.duration, m.failures, m.drift, m.lastSuccess, m.planValid, m.status)
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

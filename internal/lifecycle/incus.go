@@ -347,6 +347,9 @@ func (r *Incus) identify(ctx context.Context, init proc.Identity, nsPID int, tag
 // variables over them, sorted, then the marker. Nothing comes from the agent's own
 // environment or from Incus's defaults: the identity is the declared one.
 func (r *Incus) environ(s Spec, home string) []string {
+	if s.Home != "" {
+		home = s.Home
+	}
 	return s.environOver(map[string]string{"PATH": DefaultPath, "HOME": home})
 }
 

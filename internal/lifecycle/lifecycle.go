@@ -373,9 +373,15 @@ var ErrStop = errors.New("stop not verified")
 // port > 0), then none of the stopped PIDs holding GPU memory.
 func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
 	procs := l.Runner.Procs()
+	unit := unitOfTarget(procs, t) // systemd_unit.go
 	rep, err := procs.Stop(ctx, t, sig, timeout)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrStop, err)
+	}
+	if unit != "" {
+		if err := finishUnit(ctx, unit); err != nil {
+			return rep, fmt.Errorf("%w: %w", ErrStop, err)
+		}
 	}
 	if port > 0 {
 		if err := procs.PortFree(ctx, port, PortWait); err != nil {

@@ -31,6 +31,11 @@ type Spec struct {
 	// Marker is an exact KEY=VALUE entry added to the environment, inherited by every
 	// descendant, so a stop finds children that left the session (proc.Target.Marker).
 	Marker string
+	// Home is the process's HOME, made (mode 0700, owned by User) when missing: Python,
+	// Hugging Face and Triton keep their caches under ~, and a service manager may give
+	// the agent no HOME, or a read-only one. Empty: User's home from passwd when User is
+	// set, else the agent's own HOME (BaseEnv); in a container, the user's home there.
+	Home string
 }
 
 // BaseEnv names the variables a launched process inherits from the agent: enough to
@@ -47,6 +52,9 @@ func (s Spec) Environ() []string {
 		if v, ok := os.LookupEnv(k); ok {
 			base[k] = v
 		}
+	}
+	if s.Home != "" {
+		base["HOME"] = s.Home
 	}
 	return s.environOver(base)
 }
@@ -169,13 +177,22 @@ func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) 
 	}
 	logPath := log.Path()
 	attr := &syscall.SysProcAttr{Setsid: true}
+	makeIt := s.Home != "" // a passwd home is the user's, never made here
 	if s.User != "" {
-		cred, err := credential(s.User)
+		cred, home, err := credential(s.User)
 		if err != nil {
 			return nil, err
 		}
 		if int(cred.Uid) != os.Geteuid() {
 			attr.Credential = cred
+		}
+		if s.Home == "" {
+			s.Home = home
+		}
+	}
+	if makeIt {
+		if err := makeHome(s.Home, attr.Credential); err != nil {
+			return nil, err
 		}
 	}
 	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o640)
@@ -188,6 +205,11 @@ func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) 
 	defer f.Close()
 	if attr.Credential != nil {
 		_ = f.Chown(int(attr.Credential.Uid), int(attr.Credential.Gid))
+	}
+	if systemdRuns() { // systemd_unit.go
+		if st, err := h.startInUnit(ctx, s, log, f); !errors.Is(err, errNoUnit) {
+			return st, err
+		}
 	}
 	cmd := exec.Command(s.Argv[0], s.Argv[1:]...)
 	cmd.Args = s.Argv
@@ -237,7 +259,28 @@ func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) 
 	return started, nil
 }
 
-func credential(name string) (*syscall.Credential, error) {
+// makeHome makes a missing home directory, owned by cred (nil: the agent's user). An
+// existing one is left as it is: the operator may have prepared it.
+func makeHome(home string, cred *syscall.Credential) error {
+	if home == "" {
+		return nil
+	}
+	if _, err := os.Stat(home); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return fmt.Errorf("home %s: %w", home, err)
+	}
+	if cred != nil {
+		if err := os.Chown(home, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fmt.Errorf("home %s: %w", home, err)
+		}
+	}
+	return nil
+}
+
+// credential returns the user's uid and gid, and its home directory from passwd.
+func credential(name string) (*syscall.Credential, string, error) {
 	u, err := user.Lookup(name)
 	if err != nil {
 		if _, nerr := strconv.Atoi(name); nerr == nil {
@@ -245,9 +288,9 @@ func credential(name string) (*syscall.Credential, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("user %q: %w", name, err)
+		return nil, "", fmt.Errorf("user %q: %w", name, err)
 	}
 	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
 	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, u.HomeDir, nil
 }

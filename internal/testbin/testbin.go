@@ -107,10 +107,11 @@ func FreePort(tb testing.TB) int {
 }
 
 // Servers returns the server processes that agents started for one test, mapped to
-// their AGENT_SERVER marker: the processes whose environment holds that marker and
-// HOME=home (each test gives its agents a HOME of its own). By PID and environment
-// only, never by name, as the agent itself finds them.
-func Servers(home string) map[int]string {
+// their AGENT_SERVER marker: the processes whose environment holds that marker and a
+// HOME that is dir or lies under it (each test gives its agents a directory of its own
+// and a state directory inside it; a server's default HOME is <state dir>/home). By PID
+// and environment only, never by name, as the agent itself finds them.
+func Servers(dir string) map[int]string {
 	found := map[int]string{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -128,7 +129,7 @@ func Servers(home string) map[int]string {
 			switch {
 			case strings.HasPrefix(kv, "AGENT_SERVER="):
 				marker = kv
-			case kv == "HOME="+home:
+			case kv == "HOME="+dir || strings.HasPrefix(kv, "HOME="+dir+"/"):
 				mine = true
 			}
 		}
@@ -139,10 +140,10 @@ func Servers(home string) map[int]string {
 	return found
 }
 
-// KillServers SIGKILLs the servers of Servers(home) and their process groups: a
+// KillServers SIGKILLs the servers of Servers(dir) and their process groups: a
 // test's cleanup, so that a failed test leaves nothing running.
-func KillServers(home string) {
-	for pid := range Servers(home) {
+func KillServers(dir string) {
+	for pid := range Servers(dir) {
 		syscall.Kill(-pid, syscall.SIGKILL)
 		syscall.Kill(pid, syscall.SIGKILL)
 	}

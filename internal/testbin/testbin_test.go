@@ -48,11 +48,12 @@ func TestServersFindsOnlyThisTestsMarkedProcesses(t *testing.T) {
 		return cmd
 	}
 	ours := start("HOME="+home, "AGENT_SERVER=server.qwen#3")
-	start("HOME=" + home)                                 // no marker: not a server
-	start("HOME="+home+"x", "AGENT_SERVER=server.qwen#3") // another test's
-	start("XHOME="+home, "AGENT_SERVER=server.qwen#3")    // HOME must match whole
-	want := map[int]string{ours.Process.Pid: "AGENT_SERVER=server.qwen#3"}
-	if got := Servers(home); len(got) != 1 || got[ours.Process.Pid] != want[ours.Process.Pid] {
+	under := start("HOME="+home+"/state/home", "AGENT_SERVER=server.qwen#4") // the default HOME
+	start("HOME=" + home)                                                    // no marker: not a server
+	start("HOME="+home+"x", "AGENT_SERVER=server.qwen#3")                    // another test's
+	start("XHOME="+home, "AGENT_SERVER=server.qwen#3")                       // HOME must match whole
+	want := map[int]string{ours.Process.Pid: "AGENT_SERVER=server.qwen#3", under.Process.Pid: "AGENT_SERVER=server.qwen#4"}
+	if got := Servers(home); len(got) != 2 || got[ours.Process.Pid] != want[ours.Process.Pid] || got[under.Process.Pid] != want[under.Process.Pid] {
 		t.Fatalf("Servers = %v, want %v", got, want)
 	}
 	KillServers(home)

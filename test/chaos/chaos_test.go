@@ -140,9 +140,10 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-// serverProcs lists this run's qwen servers (testbin.Servers, by PID and environ only).
-func serverProcs(home string) map[int]string {
-	found := testbin.Servers(home)
+// serverProcs lists this run's qwen servers (testbin.Servers, by PID and environ only):
+// those whose HOME lies under dir (their default HOME is <state dir>/home).
+func serverProcs(dir string) map[int]string {
+	found := testbin.Servers(dir)
 	maps.DeleteFunc(found, func(_ int, marker string) bool {
 		return !strings.HasPrefix(marker, "AGENT_SERVER=server.qwen#")
 	})
@@ -189,7 +190,7 @@ func TestChaos(t *testing.T) {
 		must(t, err)
 		must(t, os.WriteFile(filepath.Join(planDir, f[1]), b, 0o644))
 	}
-	host := filepath.Join(work, "host") // var.root and the server's HOME: unique to this run
+	host := filepath.Join(work, "host") // var.root: unique to this run
 	state := filepath.Join(work, "state")
 	must(t, os.MkdirAll(host, 0o755))
 	port := testbin.FreePort(t)
@@ -215,7 +216,7 @@ func TestChaos(t *testing.T) {
 		twoAlive string
 	)
 	sample := func() {
-		procs := serverProcs(host)
+		procs := serverProcs(work)
 		seenMu.Lock()
 		defer seenMu.Unlock()
 		live := 0
@@ -263,7 +264,7 @@ func TestChaos(t *testing.T) {
 		seenMu.Lock()
 		defer seenMu.Unlock()
 		for pid := range seen {
-			if m, ok := serverProcs(host)[pid]; ok && m == seen[pid] {
+			if m, ok := serverProcs(work)[pid]; ok && m == seen[pid] {
 				syscall.Kill(-pid, syscall.SIGKILL) // its group (setsid: pgid = pid)
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
@@ -408,7 +409,7 @@ func TestChaos(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second) // zombies of killed agents are reaped by init
 	for {
 		alive = map[int]string{}
-		for pid, m := range serverProcs(host) {
+		for pid, m := range serverProcs(work) {
 			if !isZombie(pid) {
 				alive[pid] = m
 			}

@@ -45,6 +45,10 @@ type Daemon struct {
 	cmd    *exec.Cmd     // nil once closed
 	exited chan struct{} // closed when the daemon process has exited
 	logf   *os.File
+
+	debianOnce sync.Once // imports the Debian image (DebianImage)
+	debianSkip string
+	debianErr  error
 }
 
 func (d *Daemon) closed() bool {

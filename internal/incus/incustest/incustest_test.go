@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -132,5 +133,46 @@ func TestStart(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestDebianCacheValidation: a cached root filesystem is reused only with its checksum
+// file, and only when the checksum matches (a tarball left by a killed build, or one
+// damaged since, is rebuilt).
+func TestDebianCacheValidation(t *testing.T) {
+	dir := t.TempDir()
+	tarball := dir + "/rootfs.tar"
+	sum := tarball + ".sha256"
+	if err := os.WriteFile(tarball, []byte("half a tarball"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := verifySum(tarball, sum); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("no checksum file: %v, want ErrNotExist (rebuild)", err)
+	}
+	good, err := fileSum(tarball)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeSync(sum, []byte(good+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := verifySum(tarball, sum); err != nil {
+		t.Errorf("matching checksum: %v", err)
+	}
+	if err := os.WriteFile(tarball, []byte("half a tarbalL"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := verifySum(tarball, sum); err == nil || !strings.Contains(err.Error(), "mismatch") {
+		t.Errorf("damaged tarball: %v, want a mismatch", err)
+	}
+	if k := debianKey(); len(k) != 12 || k != debianKey() {
+		t.Errorf("debianKey = %q", k)
+	}
+}
+
+func TestDebianMirrorOverride(t *testing.T) {
+	t.Setenv("DEBIAN_MIRROR", "http://mirror.invalid/debian")
+	if m, err := debianMirror(); err != nil || m != "http://mirror.invalid/debian" {
+		t.Errorf("debianMirror = %q, %v", m, err)
 	}
 }
