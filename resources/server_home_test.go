@@ -75,7 +75,7 @@ func TestServerHome(t *testing.T) {
 	declared := filepath.Join(h.dir, "srv-home", "qwen")
 	step := engine("home=" + declared).Plan(context.Background()).Steps[0]
 	if step.Err != nil || step.Diff.Action != agent.Restart ||
-		!slices.ContainsFunc(step.Diff.Changes, func(c agent.Change) bool { return c.Attr == "home" && strings.Contains(c.New, declared) }) {
+		!slices.ContainsFunc(step.Diff.Changes, func(c agent.Change) bool { return c.Attr == "home" && c.New == declared }) {
 		t.Fatalf("plan with home: %v %+v", step.Err, step.Diff)
 	}
 	mustOK(t, engine("home="+declared).Apply(context.Background(), nil).Steps[0])
