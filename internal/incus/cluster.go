@@ -198,3 +198,22 @@ func (c *Client) JoinCluster(ctx context.Context, token JoinToken, address, clus
 	}
 	return nil
 }
+
+// InstanceMember returns the member an instance is on, read from the cluster's list
+// (GET /1.0/instances?recursion=1 with a name filter), which answers from the
+// cluster's database for a member that is offline, where GET /1.0/instances/{name}
+// fails with a 500 ("Server isn't ready yet", "Missing event connection with target
+// cluster member"). A missing instance is a 404 *Error.
+func (c *Client) InstanceMember(ctx context.Context, name string) (string, error) {
+	var list []Instance
+	q := url.Values{"recursion": {"1"}, "filter": {"name eq " + name}}
+	if _, err := c.get(ctx, "/1.0/instances?"+q.Encode(), &list); err != nil {
+		return "", err
+	}
+	for _, inst := range list {
+		if inst.Name == name {
+			return inst.Location, nil
+		}
+	}
+	return "", &Error{Method: http.MethodGet, Path: "/1.0/instances", Status: http.StatusNotFound, Message: "instance " + name + " not found"}
+}

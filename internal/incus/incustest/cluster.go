@@ -350,7 +350,37 @@ func (c *Cluster) Restart(ctx context.Context, m *Member) error {
 	if err := m.waitReady(ctx); err != nil {
 		return fmt.Errorf("member %s: %w", m.Name, err)
 	}
-	return c.WaitMembers(ctx, incus.MemberOnline, m.Name)
+	if err := c.WaitMembers(ctx, incus.MemberOnline, m.Name); err != nil {
+		return err
+	}
+	return c.waitForwarding(ctx, m.Name)
+}
+
+// waitForwarding waits until the first member forwards requests to the member again:
+// online by heartbeat comes a little before the instances on it can be read through the
+// cluster ("Server isn't ready yet" meanwhile).
+func (c *Cluster) waitForwarding(ctx context.Context, member string) error {
+	var last error
+	for {
+		last = c.Client.Query(ctx, "GET", "/1.0/resources?target="+member, nil, nil)
+		if last == nil {
+			var list []incus.Instance
+			last = c.Client.Query(ctx, "GET", "/1.0/instances?recursion=1", nil, &list)
+			for _, inst := range list {
+				if last == nil && inst.Location == member {
+					_, _, last = c.Client.GetInstance(ctx, inst.Name)
+				}
+			}
+			if last == nil {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("member %s: requests are not forwarded to it: %w (last: %v)", member, ctx.Err(), last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // Close deletes every instance through the cluster API, shuts all members down at
@@ -431,3 +461,6 @@ func (d *Daemon) waitReady(ctx context.Context) error {
 		return fmt.Errorf("incusd exited during startup\n%s", d.LogTail(40))
 	}
 }
+
+// Running reports whether the member's daemon runs (not stopped by Stop).
+func (m *Member) Running() bool { return !m.closed() }
