@@ -20,8 +20,9 @@ import (
 // host's), and a member that is offline is an observed state, not a guess built from
 // the cluster database's stale view of the instance.
 
-// placement checks the member that holds an existing instance: online, and the plan's
-// target when it names one. An instance on a lone (unclustered) daemon has no member.
+// placement checks the member that holds an existing instance: online, the plan's target
+// when it names one, and the GPUs its gpu devices select. An instance on a lone
+// (unclustered) daemon has no member.
 func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.Instance) error {
 	member := instanceMember(inst)
 	if member == "" {
@@ -35,7 +36,7 @@ func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.
 		return agent.Terminal(fmt.Errorf("instance %s runs on member %s, but the plan's target is %s: the agent does not move instances yet. Set target = %q, or stop it and move it yourself (incus move %s --target %s)",
 			k.name, member, k.target, member, k.name, k.target))
 	}
-	return nil
+	return k.checkMemberGPUs(ctx, c, member)
 }
 
 // instanceMember is the cluster member an instance is on; "" outside a cluster (Incus

@@ -138,6 +138,10 @@ func TestContainerOnClusterMember(t *testing.T) {
 		t.Fatalf("status: %v %+v", st.Err, st.Status)
 	}
 
+	// A GPU added to the instance on m2 is checked against m2, before the update.
+	wantErr(t, h.plan("  target = \"m2\"\n  gpu \"gpu0\" { pci = \"7f:1f.7\" }\n").Err,
+		`gpu "gpu0" selects pci 0000:7f:1f.7, which member m2 does not have; GPUs on member m2: none found`)
+
 	// The instance is on m2; a plan that says m1 is refused, not silently ignored.
 	wantErr(t, h.plan(`  target = "m1"`).Err, "runs on member m2, but the plan's target is m1", "incus move")
 
