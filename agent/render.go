@@ -306,6 +306,7 @@ func (v *View) Status(rep *Report) {
 			v.printf("      %-*s  %s\n", width, f.Name, f.Value)
 		}
 	}
+	v.members(rep)
 }
 
 // Degraded reports whether a status report has an unhealthy or failed resource.

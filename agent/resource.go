@@ -117,6 +117,24 @@ type Status struct {
 	Metrics map[string]float64 `json:"metrics,omitempty"`
 }
 
+// MemberField is the Status field naming the cluster member a resource lives on (an
+// Incus instance's location, a server's container's). `agent run` adds it to the
+// resource's metrics as the label member="…".
+const MemberField = "member"
+
+// Member returns the value of the status's MemberField; "" when it has none.
+func (s *Status) Member() string {
+	if s == nil {
+		return ""
+	}
+	for _, f := range s.Fields {
+		if f.Name == MemberField {
+			return f.Value
+		}
+	}
+	return ""
+}
+
 // terminalError marks an error that retrying cannot fix (a bad plan value, a reboot the
 // plan does not allow): the reconcile loop stops retrying the resource until the plan or
 // the host changes.

@@ -476,8 +476,14 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 	if incus.IsNotFound(err) {
 		return k.createDiff(ctx, c)
 	}
+	if _, oerr := offlineMember(ctx, c, k.name, err); oerr != nil {
+		return nil, oerr
+	}
 	if err != nil {
 		return nil, reachErr(c, err)
+	}
+	if err := k.placement(ctx, c, inst); err != nil {
+		return nil, err
 	}
 	uuid := inst.Config["volatile.uuid"]
 	if !rec.of(k.name, uuid) {
@@ -699,6 +705,9 @@ func (k *Container) deviceRestart(want, have map[string]string) bool {
 func (k *Container) createDiff(ctx context.Context, c *incus.Client) (*agent.Diff, error) {
 	fp, err := resolveImage(ctx, c, k.image)
 	if err != nil {
+		return nil, err
+	}
+	if err := k.checkTarget(ctx, c); err != nil {
 		return nil, err
 	}
 	if k.nvidiaRT {
@@ -1165,12 +1174,20 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 	if incus.IsNotFound(err) {
 		return &agent.Status{Healthy: false, Summary: "instance " + k.name + " does not exist"}, nil
 	}
+	if member, oerr := offlineMember(ctx, c, k.name, err); oerr != nil {
+		return &agent.Status{Summary: oerr.Error(), Fields: []agent.Field{{Name: "status", Value: "unknown"}, {Name: agent.MemberField, Value: member}}}, nil
+	}
 	if err != nil {
 		return nil, reachErr(c, err)
 	}
 	st := &agent.Status{Fields: []agent.Field{{Name: "status", Value: inst.Status}}}
-	if inst.Location != "" && inst.Location != "none" {
-		st.Fields = append(st.Fields, agent.Field{Name: "location", Value: inst.Location})
+	if member := instanceMember(inst); member != "" {
+		st.Fields = append(st.Fields, agent.Field{Name: agent.MemberField, Value: member})
+		if err := memberOnline(ctx, c, member, k.name); err != nil {
+			st.Fields[0].Value = "unknown" // the cluster's database answers for an offline member
+			st.Summary = err.Error()
+			return st, nil
+		}
 	}
 	var addrs []string
 	if inst.StatusCode == incus.StatusRunning {

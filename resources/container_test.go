@@ -22,7 +22,7 @@ import (
 // test (the others in this package never start it).
 var incusd = incustest.NewShared()
 
-func TestMain(m *testing.M) { os.Exit(incusd.Run(m)) }
+func TestMain(m *testing.M) { os.Exit(incusCluster.Done(incusd.Run(m))) }
 
 // fakeGPUs is a gpu.Observer that reports fixed GPUs.
 type fakeGPUs struct{ info gpu.Info }

@@ -1200,6 +1200,9 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	var m sglang.Metrics
 	if s.container != "" {
 		field("container", s.container)
+		if member := incusMember(ctx, lc); member != "" {
+			field(agent.MemberField, member)
+		}
 		if err != nil {
 			field("endpoint", err.Error())
 		}

@@ -131,13 +131,14 @@ func (m *metrics) setStatus(rep *agent.Report, p *plans.Plan) {
 		if st.Err == nil && st.Status != nil && st.Status.Healthy {
 			healthy = 1
 		}
-		samples = append(samples, statusSample{kind: "resource", key: "healthy", name: st.Addr, value: healthy})
+		member := st.Status.Member()
+		samples = append(samples, statusSample{kind: "resource", key: "healthy", name: st.Addr, member: member, value: healthy})
 		if st.Status == nil {
 			continue
 		}
 		for k, v := range st.Status.Metrics {
 			if metricKey.MatchString(k) {
-				samples = append(samples, statusSample{kind: r.Type, key: k, name: r.Name, value: v})
+				samples = append(samples, statusSample{kind: r.Type, key: k, name: r.Name, member: member, value: v})
 			}
 		}
 	}
@@ -146,7 +147,10 @@ func (m *metrics) setStatus(rep *agent.Report, p *plans.Plan) {
 	m.status.mu.Unlock()
 }
 
-// statusCollector exports each resource's Status.Metrics as agent_<kind>_<key>{name}.
+// statusCollector exports each resource's Status.Metrics as agent_<kind>_<key>{name}, and
+// {name, member} in a family where some resource names its cluster member
+// (agent.MemberField): one family keeps one set of labels, so a resource without a member
+// gets member="" there, which Prometheus reads as no label.
 type statusCollector struct {
 	mu      sync.Mutex
 	samples []statusSample
@@ -154,6 +158,7 @@ type statusCollector struct {
 
 type statusSample struct {
 	kind, key, name string
+	member          string // the cluster member, "" when none
 	value           float64
 }
 
@@ -164,9 +169,19 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {} // unchecked c
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	withMember := map[string]bool{}
 	for _, s := range c.samples {
-		desc := prometheus.NewDesc("agent_"+s.kind+"_"+s.key, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", []string{"name"}, nil)
-		if m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, s.value, s.name); err == nil {
+		if s.member != "" {
+			withMember[s.kind+"_"+s.key] = true
+		}
+	}
+	for _, s := range c.samples {
+		labels, values := []string{"name"}, []string{s.name}
+		if withMember[s.kind+"_"+s.key] {
+			labels, values = append(labels, "member"), append(values, s.member)
+		}
+		desc := prometheus.NewDesc("agent_"+s.kind+"_"+s.key, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", labels, nil)
+		if m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, s.value, values...); err == nil {
 			ch <- m
 		}
 	}

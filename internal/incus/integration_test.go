@@ -19,7 +19,11 @@ import (
 // test that needs it.
 var incusd = incustest.NewShared()
 
-func TestMain(m *testing.M) { os.Exit(incusd.Run(m)) }
+// cluster is this test binary's private three-member cluster, formed by the first
+// cluster test.
+var cluster = incustest.NewSharedCluster()
+
+func TestMain(m *testing.M) { os.Exit(cluster.Done(incusd.Run(m))) }
 
 // launch creates and starts a busybox instance for the test.
 func launch(t *testing.T, ctx context.Context, d *incustest.Daemon) string {

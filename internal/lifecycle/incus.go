@@ -113,6 +113,9 @@ func (r *Incus) Init(ctx context.Context) (proc.Identity, error) {
 	if err != nil {
 		return proc.Identity{}, fmt.Errorf("container %s: its init pid %d: %w", r.Instance, st.Pid, err)
 	}
+	if err := r.checkInit(id.PID); err != nil {
+		return proc.Identity{}, err
+	}
 	r.init = id
 	return id, nil
 }

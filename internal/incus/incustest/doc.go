@@ -24,6 +24,12 @@
 //
 // Start (the function) starts a daemon of the test's own instead.
 //
+// NewSharedCluster forms a three-member Incus cluster the same way (m1, m2, m3 on
+// 127.0.0.2, .3 and .4, one random high port, each with its own INCUS_DIR; see
+// docs/containers.md for the recipe): about 25 s on a loaded machine, once per test
+// binary. Cluster.Client is the first member's, the cluster API; Member.Stop and
+// Cluster.Restart take a member offline and back.
+//
 // Requirements: root, and the packages of scripts/install-incus.sh (incus
 // from bookworm-backports, busybox-static). Without them a test is skipped,
 // except when CI=true, where it fails: a container test that skips in CI is

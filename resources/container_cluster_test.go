@@ -1,0 +1,253 @@
+package resources
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/incus/incustest"
+	"github.com/agent-dev/agent/internal/state"
+)
+
+// incusCluster is this test binary's private three-member Incus cluster, formed by the
+// first cluster test. The cluster tests are not parallel: one of them stops a member.
+var incusCluster = incustest.NewSharedCluster()
+
+// clusterCtr runs plans of one container through the first member's socket.
+type clusterCtr struct {
+	t     *testing.T
+	c     *incustest.Cluster
+	dir   string
+	store *state.Store
+	name  string
+}
+
+func newClusterCtr(t *testing.T, c *incustest.Cluster) *clusterCtr {
+	t.Helper()
+	dir := t.TempDir()
+	store, err := state.Open(filepath.Join(dir, ".state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &clusterCtr{t: t, c: c, dir: dir, store: store, name: c.InstanceName(t)}
+}
+
+func (h *clusterCtr) engine(body string) *agent.Engine {
+	h.t.Helper()
+	src := fmt.Sprintf(`
+variable "incus_socket" {}
+agent { incus_socket = var.incus_socket }
+container "c" {
+  name  = %q
+  image = "busybox"
+  stop_timeout = "10s"
+%s
+}
+`, h.name, body)
+	return testEngine(h.t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, "incus_socket="+h.c.Socket)
+}
+
+func (h *clusterCtr) plan(body string) *agent.Step {
+	h.t.Helper()
+	return h.engine(body).Plan(context.Background()).Steps[0]
+}
+
+func (h *clusterCtr) status(body string) *agent.Step {
+	h.t.Helper()
+	return h.engine(body).Status(context.Background()).Steps[0]
+}
+
+// apply applies and requires success and a no-op plan afterwards.
+func (h *clusterCtr) apply(body string) *agent.Diff {
+	h.t.Helper()
+	e := h.engine(body)
+	st := e.Apply(context.Background(), nil).Steps[0]
+	if st.Err != nil {
+		h.t.Fatalf("apply: %v\n%s", st.Err, h.c.LogTail(15))
+	}
+	again := e.Plan(context.Background()).Steps[0]
+	if again.Err != nil || again.Diff.Action != agent.NoOp {
+		h.t.Fatalf("second plan is not a no-op: %v %+v", again.Err, again.Diff)
+	}
+	return st.Diff
+}
+
+func (h *clusterCtr) location() string {
+	h.t.Helper()
+	inst, _, err := h.c.Client.GetInstance(context.Background(), h.name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return inst.Location
+}
+
+func field(st *agent.Status, name string) string {
+	for _, f := range st.Fields {
+		if f.Name == name {
+			return f.Value
+		}
+	}
+	return ""
+}
+
+func wantErr(t *testing.T, err error, parts ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one with %q", parts)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("error lacks %q:\n%v", p, err)
+		}
+	}
+}
+
+// TestContainerOnClusterMember: target places a new instance on that member (its files
+// in that member's INCUS_DIR), plan and status name the member; an unknown member, a
+// GPU the member lacks and a target other than the instance's member are refused with
+// the fix, before anything is created or changed.
+func TestContainerOnClusterMember(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := newClusterCtr(t, c)
+
+	d := h.plan(`  target = "m2"`)
+	if d.Err != nil || !hasChange(d.Diff, "target", "") || d.Diff.Action != agent.Create {
+		t.Fatalf("plan: %v %+v", d.Err, d.Diff)
+	}
+	for _, ch := range d.Diff.Changes {
+		if ch.Attr == "target" && ch.New != `"m2"` && ch.New != "m2" {
+			t.Errorf("target change: %+v", ch)
+		}
+	}
+	h.apply(`  target = "m2"`)
+	if loc := h.location(); loc != "m2" {
+		t.Fatalf("instance on %q, want m2", loc)
+	}
+	if _, err := os.Stat(filepath.Join(c.Member("m2").Dir, "containers", h.name)); err != nil {
+		t.Fatalf("not in m2's INCUS_DIR: %v", err)
+	}
+	st := h.status(`  target = "m2"`)
+	if st.Err != nil || !st.Status.Healthy || field(st.Status, agent.MemberField) != "m2" || st.Status.Member() != "m2" {
+		t.Fatalf("status: %v %+v", st.Err, st.Status)
+	}
+
+	// A GPU added to the instance on m2 is checked against m2, before the update.
+	wantErr(t, h.plan("  target = \"m2\"\n  gpu \"gpu0\" { pci = \"7f:1f.7\" }\n").Err,
+		`gpu "gpu0" selects pci 0000:7f:1f.7, which member m2 does not have; GPUs on member m2: none found`)
+
+	// The instance is on m2; a plan that says m1 is refused, not silently ignored.
+	wantErr(t, h.plan(`  target = "m1"`).Err, "runs on member m2, but the plan's target is m1", "incus move")
+
+	other := newClusterCtr(t, c)
+	wantErr(t, other.plan(`  target = "m9"`).Err, `target "m9" is not a member of the cluster (members: m1, m2, m3)`)
+	wantErr(t, other.plan("  target = \"m3\"\n  gpu \"gpu0\" { pci = \"7f:1f.7\" }\n").Err,
+		`gpu "gpu0" selects pci 0000:7f:1f.7, which member m3 does not have; GPUs on member m3: none found`)
+	if _, _, err := c.Client.GetInstance(context.Background(), other.name); !incus.IsNotFound(err) {
+		t.Errorf("a refused plan created %s: %v", other.name, err)
+	}
+}
+
+// TestContainerOnOfflineMember: a member whose incusd stopped is an observed state with
+// a clear message in plan and status, never a crash and never a "stopped, start it";
+// once the member is back the plan converges again.
+func TestContainerOnOfflineMember(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := newClusterCtr(t, c)
+	h.apply(`  target = "m3"`)
+
+	m3 := c.Member("m3")
+	if err := m3.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // the member back for the next test, also when this one fails
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if m3.Running() {
+			return
+		}
+		if err := c.Restart(ctx, m3); err != nil {
+			t.Errorf("restart m3: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := c.WaitMembers(ctx, incus.MemberOffline, "m3"); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, h.plan(`  target = "m3"`).Err, "member m3 is Offline", "No heartbeat", "can be neither observed nor changed")
+	st := h.status(`  target = "m3"`)
+	if st.Err != nil || st.Status == nil || st.Status.Healthy || field(st.Status, agent.MemberField) != "m3" ||
+		!strings.Contains(st.Status.Summary, "member m3 is Offline") {
+		t.Fatalf("status with m3 offline: %v %+v", st.Err, st.Status)
+	}
+	t.Logf("status: %s", st.Status.Summary)
+
+	if err := c.Restart(ctx, m3); err != nil {
+		t.Fatal(err)
+	}
+	// Back: whatever the restart left (Incus restarts what ran), one apply converges.
+	h.apply(`  target = "m3"`)
+	if loc := h.location(); loc != "m3" {
+		t.Errorf("instance on %q after m3 came back", loc)
+	}
+}
+
+// TestServerInContainerOnClusterMember: the verified launch, readiness, smoke test and
+// relaunch of a server in a container on m2, all through m1's socket.
+func TestServerInContainerOnClusterMember(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
+	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
+	engine := func(vars ...string) *agent.Engine {
+		vars = append([]string{"incus_socket=" + c.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
+		return testEngine(t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	}
+	ctx := context.Background()
+	// The container first, then the program in it (as TestServerInContainer does).
+	if st := engine().Apply(ctx, nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
+		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
+	}
+	h.exec("ip", "link", "set", "lo", "up")
+	f, err := os.Open(staticFakeSGLang(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := engine().Apply(ctx, nil)
+	for _, st := range rep.Steps {
+		if st.Err != nil {
+			t.Fatalf("%s: %v\n%s", st.Addr, st.Err, c.LogTail(15))
+		}
+	}
+	inst, _, err := c.Client.GetInstance(context.Background(), h.name)
+	if err != nil || inst.Location != "m2" {
+		t.Fatalf("instance location %v %v", inst, err)
+	}
+	st := h.step(engine().Status(context.Background()))
+	if st.Err != nil || !st.Status.Healthy || st.Status.Member() != "m2" {
+		t.Fatalf("server status: %v %+v", st.Err, st.Status)
+	}
+	if p := h.step(engine().Plan(context.Background())); p.Err != nil || p.Diff.Action != agent.NoOp {
+		t.Fatalf("plan after apply: %v %+v", p.Err, p.Diff)
+	}
+	gen := field(st.Status, "generation")
+	st = h.step(engine("mem=0.7").Apply(context.Background(), nil))
+	if st.Err != nil {
+		t.Fatalf("relaunch on m2: %v", st.Err)
+	}
+	st = h.step(engine("mem=0.7").Status(context.Background()))
+	if st.Err != nil || !st.Status.Healthy || field(st.Status, "generation") == gen {
+		t.Fatalf("after the relaunch: generation %q (was %q): %v %+v", field(st.Status, "generation"), gen, st.Err, st.Status)
+	}
+}
