@@ -31,11 +31,37 @@ type markConfig struct {
 	Value    string `hcl:"value"`
 	Fail     *bool  `hcl:"fail,optional"`
 	Terminal *bool  `hcl:"terminal,optional"` // fails with an error retrying cannot fix
+	Hang     *bool  `hcl:"hang,optional"`     // Apply hangs, deaf to its context, until the test ends
+	Timeout  string `hcl:"timeout,optional"`  // the step timeout (Timeouter)
 }
 
 type mark struct {
 	cfg     *markConfig
 	applies *counter
+	checks  *counter
+	hang    chan struct{} // closed when the test ends
+}
+
+// timedMark is a mark with its own step timeout.
+type timedMark struct {
+	*mark
+	t time.Duration
+}
+
+func (m timedMark) Timeout() time.Duration { return m.t }
+
+func bindMark(h *harness) agent.Kind {
+	return agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
+		m := &mark{cfg: c, applies: h.applies, checks: h.checks, hang: h.hang}
+		if c.Timeout != "" {
+			t, err := time.ParseDuration(c.Timeout)
+			if err != nil {
+				return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error()}}
+			}
+			return timedMark{m, t}, nil
+		}
+		return m, nil
+	})
 }
 
 type counter struct {
@@ -51,6 +77,7 @@ func (c *counter) get(k string) int {
 }
 
 func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	m.checks.inc(m.cfg.Path)
 	have, err := os.ReadFile(m.cfg.Path)
 	if err == nil && string(have) == m.cfg.Value {
 		return agent.NoChange(), nil
@@ -60,6 +87,10 @@ func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 
 func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
 	m.applies.inc(m.cfg.Path)
+	if m.cfg.Hang != nil && *m.cfg.Hang {
+		<-m.hang
+		return errors.New("hung")
+	}
 	if m.cfg.Fail != nil && *m.cfg.Fail {
 		return fmt.Errorf("broken on purpose writing %q", m.cfg.Value) // quotes the value, secret or not
 	}
@@ -77,6 +108,8 @@ type harness struct {
 	dir      string
 	plan     string
 	applies  *counter
+	checks   *counter
+	hang     chan struct{}
 	notes    chan string
 	addr     string
 	cancel   context.CancelFunc
@@ -106,7 +139,7 @@ func (s *syncBuffer) String() string {
 func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 	t.Helper()
 	dir := t.TempDir()
-	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}},
+	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}, hang: make(chan struct{}),
 		notes: make(chan string, 100), done: make(chan error, 1), readyURL: make(chan string, 1), log: &syncBuffer{}}
 	h.write(t, planSrc)
 	sock := filepath.Join(dir, "notify")
@@ -125,12 +158,10 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 			h.notes <- string(buf[:n])
 		}
 	}()
-	kinds := []agent.Kind{agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
-		return &mark{cfg: c, applies: h.applies}, nil
-	})}
+	kinds := []agent.Kind{bindMark(h)}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	t.Cleanup(func() { cancel(); <-h.done })
+	t.Cleanup(func() { close(h.hang); cancel(); <-h.done })
 	go func() {
 		h.done <- Run(ctx, Config{
 			PlanPath: h.plan,
@@ -144,6 +175,10 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 			Notifier: sdnotify.New(sock),
 			Log:      slog.New(slog.NewTextHandler(h.log, nil)),
 			Ready:    func(addr string) { h.readyURL <- "http://" + addr },
+			// Short enough for tests, long enough that a loaded machine does not hit
+			// them by accident.
+			StopGrace:  time.Second,
+			StuckGrace: 500 * time.Millisecond,
 		})
 	}()
 	select {
@@ -214,30 +249,39 @@ mark "a" {
 }
 `
 
+// metric returns the value of one exact series on /metrics (-1 when absent).
+func (h *harness) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	_, m := h.get(t, "/metrics")
+	for _, line := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}
+
 func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 	t.Parallel()
 	h := start(t, planV1, time.Hour)
-	// READY=1 comes before the first pass (which may take hours); STATUS= says when
-	// each pass is done.
-	if first := h.waitNote(t, "READY=1"); !strings.Contains(first, "STATUS=first pass running") {
+	// READY=1 comes before the first reconcile (which may take hours); STATUS= says how
+	// the resources stand.
+	if first := h.waitNote(t, "READY=1"); !strings.Contains(first, "STATUS=starting") {
 		t.Errorf("first READY notification = %q", first)
 	}
-	ready := h.waitNote(t, "pass 1 at")
-	if !strings.Contains(ready, "STATUS=1 resources, 0 failing") {
-		t.Errorf("notification after the first pass = %q", ready)
-	}
+	h.waitNote(t, "STATUS=1 resources: 1 converged, 0 failing")
 	a := filepath.Join(h.dir, "a")
 	if b, _ := os.ReadFile(a); string(b) != "v1" {
-		t.Fatalf("a = %q after the first pass", b)
+		t.Fatalf("a = %q after the first reconcile", b)
 	}
 
 	// An edited plan is picked up by the file watch and applied once.
 	h.write(t, strings.Replace(planV1, "v1", "v2", 1))
 	h.waitNote(t, "RELOADING=1")
 	h.waitNote(t, "READY=1")
-	if b, _ := os.ReadFile(a); string(b) != "v2" {
-		t.Fatalf("a = %q after the reload", b)
-	}
+	waitFor(t, "the new plan applied", func() bool { b, _ := os.ReadFile(a); return string(b) == "v2" })
+	waitFor(t, "its reconcile recorded", func() bool { return h.metric(t, `agent_repairs_total{resource="mark.a"}`) == 2 })
 	if n := h.applies.get(a); n != 2 {
 		t.Errorf("applies = %d, want 2 (one per plan version)", n)
 	}
@@ -253,11 +297,12 @@ func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 		t.Errorf("a = %q, want v2 kept", b)
 	}
 	_, metrics := h.get(t, "/metrics")
-	for _, series := range []string{"agent_plan_valid 0", "agent_reconcile_passes_total 3", "agent_reconcile_duration_seconds_count 3",
+	for _, series := range []string{"agent_plan_valid 0", `agent_reconciles_total{resource="mark.a"} 2`, `agent_reconcile_duration_seconds_count{resource="mark.a"} 2`,
 		`agent_resource_drift{resource="mark.a"} 0`, "agent_last_success_timestamp_seconds", `agent_mark_generation{name="a"} 7`,
-		`agent_resource_healthy{name="mark.a"} 1`} {
+		`agent_resource_healthy{name="mark.a"} 1`, `agent_repairs_total{resource="mark.a"} 2`, `agent_time_to_repair_seconds_count{resource="mark.a"} 2`,
+		`agent_resource_down_seconds{resource="mark.a"} 0`, `agent_resource_failing{resource="mark.a"} 0`, "agent_queue_depth 0"} {
 		if !strings.Contains(metrics, series) {
-			t.Errorf("/metrics lacks %q", series)
+			t.Errorf("/metrics lacks %q:\n%s", series, metrics)
 		}
 	}
 	code, health := h.get(t, "/healthz")
@@ -265,7 +310,7 @@ func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 		t.Errorf("/healthz = %d %q", code, health)
 	}
 	code, status := h.get(t, "/status")
-	if code != 200 || !strings.Contains(status, `"command": "status"`) || !strings.Contains(status, `"state_dir"`) {
+	if code != 200 || !strings.Contains(status, `"command": "status"`) || !strings.Contains(status, `"state_dir"`) || !strings.Contains(status, `"repairs"`) {
 		t.Errorf("/status = %d %q", code, status)
 	}
 }
@@ -285,18 +330,10 @@ mark "good" {
 }
 `, 50*time.Millisecond)
 	good, bad := filepath.Join(h.dir, "good"), filepath.Join(h.dir, "bad")
-	// Many passes run (50 ms apart), but the failing resource waits its backoff (5 s
-	// after the first failure), so it is tried once, while the good one converged.
-	waitFor(t, "10 passes", func() bool {
-		_, m := h.get(t, "/metrics")
-		for _, line := range strings.Split(m, "\n") {
-			if v, ok := strings.CutPrefix(line, "agent_reconcile_passes_total "); ok {
-				n, _ := strconv.Atoi(v)
-				return n >= 10
-			}
-		}
-		return false
-	})
+	// The good resource resyncs every 50 ms, but the failing one waits its backoff (about
+	// 5 s after the first failure), so it is tried once, while the good one converged
+	// and keeps being observed.
+	waitFor(t, "10 reconciles of the good resource", func() bool { return h.checks.get(good) >= 10 })
 	if n := h.applies.get(bad); n != 1 {
 		t.Errorf("the failing resource was tried %d times within its backoff, want 1", n)
 	}
@@ -304,13 +341,17 @@ mark "good" {
 		t.Errorf("the good resource did not converge: %q", b)
 	}
 	_, m := h.get(t, "/metrics")
-	// One try, one failure: the passes that held it back are not failures (found in
+	// One try, one failure: the turns that held it back are not failures (found in
 	// review: it read 10, and a Contains on "} 1" let that pass).
-	if !slices.Contains(strings.Split(m, "\n"), `agent_reconcile_failures_total{resource="mark.bad"} 1`) {
-		t.Errorf("failures metric is not exactly 1:\n%s", m)
+	for _, want := range []string{`agent_reconcile_failures_total{resource="mark.bad"} 1`, `agent_resource_drift{resource="mark.bad"} 1`,
+		`agent_resource_failing{resource="mark.bad"} 1`, `agent_resource_consecutive_failures{resource="mark.bad"} 1`} {
+		if !slices.Contains(strings.Split(m, "\n"), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, m)
+		}
 	}
-	if !slices.Contains(strings.Split(m, "\n"), `agent_resource_drift{resource="mark.bad"} 1`) {
-		t.Errorf("the held-back resource lost its drift:\n%s", m)
+	_, status := h.get(t, "/status")
+	if !strings.Contains(status, `"next try"`) || !strings.Contains(status, "broken on purpose") {
+		t.Errorf("/status does not show the backoff and the last error:\n%s", status)
 	}
 }
 
@@ -346,17 +387,8 @@ mark "t" {
 `
 	h := start(t, src, 50*time.Millisecond)
 	path := filepath.Join(h.dir, "t")
-	passes := func() int {
-		_, m := h.get(t, "/metrics")
-		for _, line := range strings.Split(m, "\n") {
-			if v, ok := strings.CutPrefix(line, "agent_reconcile_passes_total "); ok {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
-		}
-		return 0
-	}
-	waitFor(t, "20 passes", func() bool { return passes() >= 20 })
+	// Held, it is still observed at every resync (to see the host move), never acted on.
+	waitFor(t, "20 observations", func() bool { return h.checks.get(path) >= 20 })
 	if n := h.applies.get(path); n != 1 {
 		t.Errorf("a terminal error was retried: %d tries, want 1", n)
 	}
@@ -436,10 +468,7 @@ func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
 		}
 	}
 	write("a")
-	cnt := &counter{n: map[string]int{}}
-	kinds := []agent.Kind{agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
-		return &mark{cfg: c, applies: cnt}, nil
-	})}
+	kinds := []agent.Kind{bindMark(&harness{applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}})}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	t.Cleanup(func() { cancel(); <-done })
@@ -472,29 +501,31 @@ func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
 	waitFor(t, "the last good plan to repair the drift", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
 }
 
-// The watchdog and /healthz call the loop stuck only when it is: a pass in flight within
-// its budget (a long download, a driver install) is working, however long (found in
-// review: a pass past three default step times stopped the watchdog, and systemd would
-// kill the agent mid-install).
+// The watchdog and /healthz call the loop stuck only when a step in flight is past its
+// own timeout and the grace: a long download under its own long timeout is working,
+// however long it runs (found in review: a pass past three default step times stopped
+// the watchdog, and systemd would kill the agent mid-install).
 func TestStuck(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	d := &Daemon{cfg: Config{Interval: time.Minute}}
 	for _, tc := range []struct {
-		name           string
-		last, deadline time.Time
-		want           bool
+		name  string
+		res   map[string]*resState
+		want  bool
+		where string
 	}{
-		{"starting", time.Time{}, time.Time{}, false},
-		{"first pass, 2 h into a 3 h budget", time.Time{}, now.Add(time.Hour), false},
-		{"a pass 40 min in, within its budget", now.Add(-41 * time.Minute), now.Add(5 * time.Minute), false},
-		{"a pass past its budget and two intervals", now.Add(-4 * time.Hour), now.Add(-3 * time.Minute), true},
-		{"between passes, recently", now.Add(-2 * time.Minute), time.Time{}, false},
-		{"between passes, none for an hour", now.Add(-time.Hour), time.Time{}, true},
+		{"starting", nil, false, ""},
+		{"a download 2 h into its 3 h timeout", map[string]*resState{"download.q": {inFlight: true, phase: "create", phaseStart: now.Add(-2 * time.Hour), phaseLimit: 3 * time.Hour}}, false, ""},
+		{"a probe within the grace", map[string]*resState{"server.q": {inFlight: true, phase: "observe", phaseStart: now.Add(-150 * time.Second), phaseLimit: 2 * time.Minute}}, false, ""},
+		{"a probe past its timeout and the grace, beside a long download", map[string]*resState{
+			"download.q": {inFlight: true, phase: "create", phaseStart: now.Add(-2 * time.Hour), phaseLimit: 3 * time.Hour},
+			"server.q":   {inFlight: true, phase: "observe", phaseStart: now.Add(-4 * time.Minute), phaseLimit: 2 * time.Minute}}, true, "server.q: observe"},
+		{"idle, a step long ago", map[string]*resState{"server.q": {phaseStart: now.Add(-24 * time.Hour), phaseLimit: time.Minute}}, false, ""},
 	} {
-		d.lastPass, d.passDeadline = tc.last, tc.deadline
-		if got, _ := d.stuck(now); got != tc.want {
-			t.Errorf("%s: stuck = %v, want %v", tc.name, got, tc.want)
+		d := &Daemon{cfg: Config{Interval: time.Minute}, res: tc.res}
+		got, why := d.stuck(now)
+		if got != tc.want || !strings.HasPrefix(why, tc.where) {
+			t.Errorf("%s: stuck = %v (%q), want %v (%q)", tc.name, got, why, tc.want, tc.where)
 		}
 	}
 }
