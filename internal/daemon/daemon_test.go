@@ -529,3 +529,68 @@ func TestStuck(t *testing.T) {
 		}
 	}
 }
+
+// A step that hangs (deaf to its context) holds only its dependents: an independent
+// resource converges and is repaired meanwhile, a reload is READY at once, and /healthz
+// turns unhealthy only once the hung step is past its own timeout and the grace.
+func TestHangingStepHoldsOnlyItsDependents(t *testing.T) {
+	t.Parallel()
+	const src = `
+variable "root" {}
+mark "slow" {
+  path    = "${var.root}/slow"
+  value   = "x"
+  hang    = true
+  timeout = "2s"
+}
+mark "child" {
+  path       = "${var.root}/child"
+  value      = "c"
+  depends_on = [mark.slow]
+}
+mark "free" {
+  path  = "${var.root}/free"
+  value = "f"
+}
+`
+	h := start(t, src, 100*time.Millisecond)
+	slow, child, free := filepath.Join(h.dir, "slow"), filepath.Join(h.dir, "child"), filepath.Join(h.dir, "free")
+	waitFor(t, "the slow step to start", func() bool { return h.applies.get(slow) == 1 })
+	began := time.Now()
+	waitFor(t, "the independent resource", func() bool { b, _ := os.ReadFile(free); return string(b) == "f" })
+	// Drift of the independent resource is repaired while the step hangs.
+	if err := os.Remove(free); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the independent resource repaired", func() bool { b, _ := os.ReadFile(free); return string(b) == "f" })
+	if code, body := h.get(t, "/healthz"); time.Since(began) < 2*time.Second && code != 200 {
+		t.Errorf("/healthz = %d %q within the hung step's timeout", code, body)
+	}
+	_, status := h.get(t, "/status")
+	if !strings.Contains(status, "waiting for mark.slow to converge") {
+		t.Errorf("the dependent's status does not say what it waits for:\n%s", status)
+	}
+
+	// A plan change is picked up while the step hangs: READY=1 right after RELOADING=1,
+	// and the independent resource takes the new value.
+	h.write(t, strings.Replace(src, `value = "f"`, `value = "g"`, 1))
+	h.waitNote(t, "RELOADING=1")
+	reloading := time.Now()
+	h.waitNote(t, "READY=1")
+	if d := time.Since(reloading); d > 5*time.Second {
+		t.Errorf("READY=1 came %s after RELOADING=1: the reload waited for the hung step", d)
+	}
+	waitFor(t, "the new plan applied beside the hung step", func() bool { b, _ := os.ReadFile(free); return string(b) == "g" })
+
+	// Past the step's 2 s timeout and the 0.5 s grace: stuck, and /healthz says which.
+	waitFor(t, "/healthz to turn unhealthy", func() bool { code, _ := h.get(t, "/healthz"); return code == 503 })
+	if d := time.Since(began); d < 2*time.Second {
+		t.Errorf("/healthz turned unhealthy %s after the step began, before its 2 s timeout", d)
+	}
+	if _, body := h.get(t, "/healthz"); !strings.Contains(body, "mark.slow: update has run") {
+		t.Errorf("/healthz does not name the stuck step: %q", body)
+	}
+	if n := h.applies.get(child); n != 0 {
+		t.Errorf("the dependent acted %d times while its dependency hung", n)
+	}
+}
