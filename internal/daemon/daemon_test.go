@@ -594,3 +594,32 @@ mark "free" {
 		t.Errorf("the dependent acted %d times while its dependency hung", n)
 	}
 }
+
+// A terminal hold also ends when the host moves under it (what the resource observes
+// changes: the foreign port holder went away, the file was fixed by hand), as the hold
+// promises; an unchanged host keeps it.
+func TestTerminalHoldEndsWhenTheHostChanges(t *testing.T) {
+	t.Parallel()
+	h := start(t, `
+variable "root" {}
+mark "t" {
+  path     = "${var.root}/t"
+  value    = "x"
+  terminal = true
+}
+`, 50*time.Millisecond)
+	path := filepath.Join(h.dir, "t")
+	waitFor(t, "10 observations under the hold", func() bool { return h.checks.get(path) >= 10 })
+	if n := h.applies.get(path); n != 1 {
+		t.Fatalf("tries under an unchanged host = %d, want 1", n)
+	}
+	if err := os.WriteFile(path, []byte("changed by hand"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a try after the host changed", func() bool { return h.applies.get(path) == 2 })
+	seen := h.checks.get(path)
+	waitFor(t, "10 more observations", func() bool { return h.checks.get(path) >= seen+10 })
+	if n := h.applies.get(path); n != 2 {
+		t.Errorf("tries after one change of the host = %d, want 2", n)
+	}
+}
