@@ -299,6 +299,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 		d.metrics.lastSuccess.SetToCurrentTime()
 	}
 	d.queue.AddAfter(addr, next)
+	rs.inFlight, rs.phaseStart, rs.phaseLimit = true, now, 0 // the status below is a step too
 	d.mu.Unlock()
 
 	// What /status and the metrics show: the resource's own status, observed now.
@@ -309,6 +310,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	sst := eng.StatusOf(agent.WithPhase(d.work, d.notePhase), addr, seen)
 	d.mu.Lock()
 	rs.status = sst
+	rs.inFlight, rs.phase = false, ""
 	d.mu.Unlock()
 	d.publish()
 }
