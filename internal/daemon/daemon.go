@@ -82,8 +82,8 @@ type Config struct {
 	Engine   agent.Options
 	Log      *slog.Logger
 	Notifier *sdnotify.Notifier
-	// LockTimeout is unused by the loop, which waits for the state lock as long as an
-	// operator's command holds it (and says so in STATUS=); kept for the CLI's flag.
+	// LockTimeout bounds the wait at start for an operator's command that holds the
+	// state lock; past it Run fails (systemd restarts it). Zero waits as long as it takes.
 	LockTimeout time.Duration
 	// Ready, when not nil, receives the listen address once the HTTP endpoint is up.
 	Ready func(addr string)
@@ -215,7 +215,10 @@ func Run(ctx context.Context, cfg Config) error {
 	lock, err := d.acquire(ctx)
 	if err != nil {
 		d.notify.Stopping()
-		return nil // stopped while waiting
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
+		return err
 	}
 	defer lock.Release()
 	changed, closeWatch := d.watch(ctx)
@@ -301,6 +304,7 @@ func (d *Daemon) acquire(ctx context.Context) (*state.Lock, error) {
 	d.mu.Lock()
 	store := d.store
 	d.mu.Unlock()
+	began := time.Now()
 	for {
 		lock, err := store.Acquire(ctx, 0, DaemonCommand+" "+d.cfg.PlanPath)
 		if err == nil {
@@ -320,6 +324,9 @@ func (d *Daemon) acquire(ctx context.Context) (*state.Lock, error) {
 		if first {
 			d.log.Warn("waiting for the state lock", "error", err)
 			d.notify.Status("waiting: " + err.Error())
+		}
+		if d.cfg.LockTimeout > 0 && time.Since(began) > d.cfg.LockTimeout {
+			return nil, fmt.Errorf("%w (waited --lock-timeout %s)", err, d.cfg.LockTimeout)
 		}
 		select {
 		case <-ctx.Done():

@@ -22,6 +22,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/sdnotify"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -621,5 +622,66 @@ mark "t" {
 	waitFor(t, "10 more observations", func() bool { return h.checks.get(path) >= seen+10 })
 	if n := h.applies.get(path); n != 2 {
 		t.Errorf("tries after one change of the host = %d, want 2", n)
+	}
+}
+
+// The loop holds the state lock for its life; at start it waits for an operator's
+// command that holds it, says so, and acts on nothing meanwhile.
+func TestLoopWaitsForAnOperatorsLock(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "plan.hcl")
+	a := filepath.Join(dir, "a")
+	if err := os.WriteFile(path, []byte("mark \"a\" {\n  path  = \""+a+"\"\n  value = \"v1\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store, err := state.Open(filepath.Join(dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := store.Acquire(context.Background(), 0, "agent apply plan.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}}
+	kinds := []agent.Kind{bindMark(h)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	t.Cleanup(func() { cancel(); <-done })
+	ready := make(chan string, 1)
+	go func() {
+		done <- Run(ctx, Config{PlanPath: path,
+			Load: func() (*plans.Plan, hcl.Diagnostics) {
+				return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds)})
+			},
+			Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
+			Notifier: sdnotify.New(""), Ready: func(addr string) { ready <- "http://" + addr }})
+	}()
+	base := <-ready
+	health := func() (int, string) {
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, "/healthz to say what it waits for", func() bool {
+		code, body := health()
+		return code == 503 && strings.Contains(body, "(agent apply plan.hcl)")
+	})
+	time.Sleep(300 * time.Millisecond) // six resyncs' worth: nothing may act
+	if n := h.checks.get(a); n != 0 {
+		t.Fatalf("the loop observed %d times while an operator held the lock", n)
+	}
+	lock.Release()
+	waitFor(t, "the loop to start once the lock is free", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
+	if code, body := health(); code != 200 {
+		t.Errorf("/healthz = %d %q once running", code, body)
+	}
+	// And now it holds the lock itself, naming itself.
+	if _, err := store.Acquire(context.Background(), 0, "agent apply plan.hcl"); err == nil || !strings.Contains(err.Error(), "(agent run "+path+")") {
+		t.Errorf("the lock while the loop runs: %v", err)
 	}
 }

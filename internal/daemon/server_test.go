@@ -326,3 +326,43 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 		t.Errorf("/metrics does not show the crash loop:\n%s", m)
 	}
 }
+
+// A server that launches and verifies, then dies moments later (a scheduler crash), is a
+// crash loop too: the watch notices each death at once, the first relaunch is immediate,
+// the next ones wait a growing backoff, and the status quotes each dead generation's log.
+func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
+	t.Parallel()
+	fake := testbin.FakeSGLang(t)
+	root := t.TempDir()
+	t.Cleanup(func() { testbin.KillServers(root) })
+	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=300ms"},
+		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
+	var r *agent.JSONResource
+	waitLong(t, "three deaths after a verified launch", 90*time.Second, func() bool {
+		r = statusOf(t, base, "server.qwen")
+		return field(r, "failure 3") != ""
+	})
+	for i := 1; i <= 3; i++ {
+		f := field(r, fmt.Sprintf("failure %d", i))
+		if !strings.Contains(f, "after it was verified") || !strings.Contains(f, fmt.Sprintf("generation %d's log shows scheduler crashed: Scheduler hit an exception", i)) {
+			t.Errorf("failure %d does not quote generation %d's log: %q", i, i, f)
+		}
+	}
+	if n := strings.Count(logs.String(), `msg="change noticed; reconciling now" resource=server.qwen`); n < 3 {
+		t.Errorf("%d deaths noticed by the watch, want 3 or more", n)
+	}
+	// The relaunches (log files' times) come further and further apart.
+	var at []time.Time
+	for g := 1; g <= 4; g++ {
+		st, err := os.Stat(filepath.Join(root, "logs", fmt.Sprintf("qwen.%d.log", g)))
+		if err != nil {
+			t.Fatalf("generation %d: %v", g, err)
+		}
+		at = append(at, st.ModTime())
+	}
+	gaps := []time.Duration{at[1].Sub(at[0]), at[2].Sub(at[1]), at[3].Sub(at[2])}
+	t.Logf("gaps between launches: %v", gaps)
+	if gaps[2] <= gaps[1] || gaps[1] < 1600*time.Millisecond {
+		t.Errorf("the backoff does not grow: gaps %v", gaps)
+	}
+}
