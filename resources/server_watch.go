@@ -18,6 +18,11 @@ var _ agent.Watcher = (*Server)(nil)
 // looks at /proc.
 const watchPoll = 500 * time.Millisecond
 
+// WatchProbeEvery is how often the watch of a ready server with a ready.http probe asks
+// that probe, so that a readiness regression (a hung scheduler, a wedged GPU) is noticed
+// within seconds, not at the next resync. One loopback GET: negligible at idle.
+const WatchProbeEvery = 5 * time.Second
+
 // Watch returns as soon as the recorded server process exits, so that `agent run`
 // relaunches a crashed server within a second instead of at its next resync. It watches
 // the process by identity (PID and start time) through a pidfd, which the kernel makes
@@ -25,6 +30,11 @@ const watchPoll = 500 * time.Millisecond
 // reused PID can never look alive. A server in a container is watched the same way: the
 // record holds its host PID, and the container's processes are the host's. With no
 // recorded process (never launched, a launch in flight) there is nothing to watch.
+//
+// A server last observed ready that has a ready.http probe is also probed every
+// WatchProbeEvery: the first failed probe returns, and the loop's Check judges (the
+// unhealthy_grace applies). One already found unready is left to the resync, so that a
+// server within its grace is not observed again and again.
 func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
@@ -34,7 +44,30 @@ func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
 	if !has || rec.Pending != nil || rec.PID <= 0 {
 		return agent.ErrNothingToWatch
 	}
-	return watchProcess(ctx, s.host.Proc, rec.id())
+	if s.ready.HTTP == "" || s.port <= 0 || !rec.UnreadySince.IsZero() || rec.Place != s.place {
+		return watchProcess(ctx, s.host.Proc, rec.id())
+	}
+	lc, err := s.lifecycle(ctx, env)
+	if err != nil {
+		return watchProcess(ctx, s.host.Proc, rec.id())
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited := make(chan error, 1)
+	go func() { exited <- watchProcess(ctx, s.host.Proc, rec.id()) }()
+	t := time.NewTicker(WatchProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-exited:
+			return err
+		case <-t.C:
+			if err := lc.ProbeHTTP(ctx, s.port, s.ready.HTTP); err != nil && ctx.Err() == nil {
+				env.Log.Info("readiness probe failed; observing the server now", "pid", rec.PID, "error", err)
+				return nil
+			}
+		}
+	}
 }
 
 // watchProcess blocks until id exits (nil) or ctx ends (ctx's error).

@@ -366,3 +366,37 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 		t.Errorf("the backoff does not grow: gaps %v", gaps)
 	}
 }
+
+// A readiness regression (here the server is frozen with SIGSTOP: alive, but its probe
+// gets no answer) is noticed on the watch's probe, seconds after, not at the resync (an
+// hour here); the loop's Check then records it unready, within its unhealthy_grace.
+func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
+	t.Parallel()
+	fake := testbin.FakeSGLang(t)
+	root := t.TempDir()
+	t.Cleanup(func() { testbin.KillServers(root) })
+	stateDir := ""
+	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},
+		func(c *Config) { stateDir = c.StateDir; c.Interval = time.Hour })
+	waitLong(t, "generation 1 verified", 60*time.Second, func() bool {
+		r := statusOf(t, base, "server.qwen")
+		return r.Error == "" && r.Status != nil && r.Status.Healthy && readRecord(stateDir).Generation == 1
+	})
+	pid := readRecord(stateDir).PID
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	stopped := time.Now()
+	waitLong(t, "the regression noticed", 60*time.Second, func() bool {
+		b, _ := os.ReadFile(filepath.Join(stateDir, "resources", "server.qwen.json"))
+		return strings.Contains(string(b), `"unready_since"`)
+	})
+	t.Logf("readiness regression recorded %s after the freeze", time.Since(stopped).Round(time.Millisecond))
+	if !strings.Contains(logs.String(), "readiness probe failed; observing the server now") {
+		t.Error("the regression was not noticed by the watch's probe")
+	}
+	if readRecord(stateDir).Generation != 1 {
+		t.Error("a server within its unhealthy_grace was relaunched")
+	}
+}
