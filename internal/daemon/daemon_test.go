@@ -685,3 +685,44 @@ func TestLoopWaitsForAnOperatorsLock(t *testing.T) {
 		t.Errorf("the lock while the loop runs: %v", err)
 	}
 }
+
+// A dependent waits while its dependency fails (its status names the root cause), and
+// acts once the dependency converges, also when both change in a reload.
+func TestDependentWaitsForItsDependency(t *testing.T) {
+	t.Parallel()
+	const src = `
+variable "root" {}
+mark "a" {
+  path  = "${var.root}/a"
+  value = "x"
+  fail  = true
+}
+mark "b" {
+  path       = "${var.root}/b"
+  value      = "y"
+  depends_on = [mark.a]
+}
+mark "c" {
+  path       = "${var.root}/c"
+  value      = "z"
+  depends_on = [mark.b]
+}
+`
+	h := start(t, src, 50*time.Millisecond)
+	a, b, c := filepath.Join(h.dir, "a"), filepath.Join(h.dir, "b"), filepath.Join(h.dir, "c")
+	waitFor(t, "the dependency to fail", func() bool { return h.applies.get(a) == 1 })
+	waitFor(t, "the dependents to report their wait", func() bool {
+		_, status := h.get(t, "/status")
+		return strings.Count(status, "waiting for mark.a, which failed: mark.a: update: broken on purpose") == 2
+	})
+	if h.applies.get(b)+h.applies.get(c)+h.checks.get(b)+h.checks.get(c) != 0 {
+		t.Fatal("a dependent was observed or acted on while its dependency failed")
+	}
+	h.write(t, strings.Replace(strings.Replace(src, "  fail  = true\n", "", 1), `value      = "y"`, `value      = "y2"`, 1))
+	waitFor(t, "the chain to converge", func() bool {
+		bb, _ := os.ReadFile(b)
+		cc, _ := os.ReadFile(c)
+		return string(bb) == "y2" && string(cc) == "z"
+	})
+	h.waitNote(t, "STATUS=3 resources: 3 converged, 0 failing")
+}

@@ -119,6 +119,9 @@ func (d *Daemon) process(addr string) {
 		}
 		d.mu.Lock()
 	} else if now.Before(rs.until) {
+		// Queued while it waits (its watch saw it die again): not converged, whatever
+		// it was, until a reconcile says so.
+		rs.converged = false
 		rs.step = &agent.Step{Addr: addr, Diff: lastDiff(rs), Err: fmt.Errorf("%s: %w (%d failures, next try in %s): last error: %s",
 			addr, ErrBackoff, rs.failures, time.Until(rs.until).Round(100*time.Millisecond), lastFailure(rs))}
 		d.queue.AddAfter(addr, time.Until(rs.until))
@@ -221,6 +224,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	d.mu.Lock()
 	rs.inFlight, rs.phase = false, ""
 	now := time.Now()
+	was := rs.converged && rs.gen == gen // converged under this engine before this reconcile
 	if errors.Is(st.Err, ErrStopping) {
 		d.mu.Unlock()
 		return
@@ -237,7 +241,6 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	next := d.resync()
 	stable := orDefault(d.cfg.Stable, DefaultStable)
 	if st.Err == nil {
-		was := rs.converged
 		if st.Applied {
 			rs.repairs++
 			took := now.Sub(rs.downSince)
@@ -293,6 +296,9 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 		d.log.Error("resource failed", "resource", addr, "error", st.Err, "failures", rs.failures, "retry_in", wait.Round(time.Millisecond).String(), "terminal", rs.terminal)
 		if !rs.terminal {
 			next = wait
+		}
+		for _, dep := range eng.Dependents(addr) {
+			d.queue.Add(dep) // they report the root cause of their wait
 		}
 	}
 	if d.allConverged(eng, gen) {
