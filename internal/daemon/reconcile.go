@@ -253,8 +253,12 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 				// (the Check's warnings name its log's failure) goes to the history.
 				rs.failures++
 				rs.until = now.Add(d.backoff(rs.failures))
+				after := start.Sub(rs.verified)
+				if rs.lastFire.After(rs.verified) {
+					after = rs.lastFire.Sub(rs.verified) // when its watch saw it go
+				}
 				d.addFailure(rs, now, fmt.Sprintf("%s: needed a %s %s after it was verified%s", addr, st.Diff.Action,
-					start.Sub(rs.verified).Round(100*time.Millisecond), warnings(st.Diff)))
+					after.Round(100*time.Millisecond), warnings(st.Diff)))
 				d.metrics.failures.WithLabelValues(addr).Inc()
 			}
 		}
