@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -40,8 +41,13 @@ func (a Action) Symbol() string {
 func (a Action) Destructive() bool { return a == Restart || a == Replace || a == Delete }
 
 // Diff is the difference between the plan and the host for one resource: data, so that
-// plan output (human or JSON) and apply work from the same value.
+// plan output (human or JSON) and apply work from the same value. A kind lists Changes,
+// each with its effect and reason; the engine derives Action from them (Derive), so no
+// kind decides by hand how disruptive its diff is.
 type Diff struct {
+	// Action is what applying the diff does to the resource: the strongest effect of its
+	// changes, set by the engine (Derive). A kind may set a floor (a resource that must
+	// restart whatever its changes say); the engine never lowers it.
 	Action  Action
 	Changes []Change
 	// Warnings are observations that need no action but an operator should see
@@ -57,39 +63,196 @@ func NoChange() *Diff { return &Diff{Action: NoOp} }
 // Add appends an attribute-level change.
 func (d *Diff) Add(c Change) *Diff { d.Changes = append(d.Changes, c); return d }
 
-// Change is one attribute's difference.
-type Change struct {
-	// Attr names the attribute as the plan does: `mode`, `flags["tp-size"]`.
-	Attr string `json:"attribute"`
-	// Old and New are rendered values ("" with HasOld/HasNew false when absent).
-	Old    string `json:"old,omitempty"`
-	New    string `json:"new,omitempty"`
-	HasOld bool   `json:"-"`
-	HasNew bool   `json:"-"`
-	// Sensitive values are never printed, in any output.
-	Sensitive bool `json:"sensitive,omitempty"`
-	// Note says what the change implies: "restart", "forces replacement".
-	Note string `json:"note,omitempty"`
-	// Text is a multi-line rendering (a unified diff of file content), shown indented.
-	Text string `json:"text,omitempty"`
+// Derive sets Action to the strongest effect among the changes (never lower than an
+// Action the kind set). A diff without changes is a no-op, whatever its warnings say.
+func (d *Diff) Derive() *Diff {
+	a := d.Action
+	if a == "" {
+		a = NoOp
+	}
+	for _, c := range d.Changes {
+		if e := c.effect().Action(); rank(e) > rank(a) {
+			a = e
+		}
+	}
+	d.Action = a
+	return d
 }
 
-// Set is a change from old to new.
+func rank(a Action) int {
+	switch a {
+	case Update:
+		return 1
+	case Create:
+		return 2
+	case Restart:
+		return 3
+	case Replace:
+		return 4
+	case Delete:
+		return 5
+	}
+	return 0
+}
+
+// Effect is what one change does to its resource when applied.
+type Effect string
+
+// The effects, from least to most disruptive.
+const (
+	InPlace       Effect = "in-place" // changed where it is, nothing interrupted
+	Creates       Effect = "create"   // the resource does not exist yet: made
+	Restarts      Effect = "restart"  // the resource is restarted (a server relaunch)
+	Replaces      Effect = "replace"  // destroyed and created again
+	Deletes       Effect = "delete"   // removed from the host
+	defaultEffect        = InPlace
+)
+
+// Action is the resource action an effect amounts to.
+func (e Effect) Action() Action {
+	switch e {
+	case Creates:
+		return Create
+	case Restarts:
+		return Restart
+	case Replaces:
+		return Replace
+	case Deletes:
+		return Delete
+	}
+	return Update
+}
+
+// Reason says why a change is needed. The set is fixed (docs/json-output.md) so that
+// machines can act on it.
+type Reason string
+
+// The reasons.
+const (
+	// ReasonMissing: not on the host yet.
+	ReasonMissing Reason = "missing"
+	// ReasonDiffers: on the host, but not as the plan says.
+	ReasonDiffers Reason = "differs"
+	// ReasonIdentity: part of what the resource is (a server's argv, environment,
+	// place): a change means a new one.
+	ReasonIdentity Reason = "identity"
+	// ReasonImmutable: fixed at creation (a container's image): only a replace changes it.
+	ReasonImmutable Reason = "immutable"
+	// ReasonGone: what the agent launched or made is gone (a crashed server).
+	ReasonGone Reason = "gone"
+	// ReasonUnhealthy: it runs but has failed its health checks for too long.
+	ReasonUnhealthy Reason = "unhealthy"
+	// ReasonUnverified: it may be right, but only a verification proves it (a hash).
+	ReasonUnverified Reason = "unverified"
+	// ReasonForeign: something the agent did not start is in the way (takeover = true).
+	ReasonForeign Reason = "foreign"
+	// ReasonReboot: a reboot completes it.
+	ReasonReboot Reason = "reboot"
+	// ReasonEnsureAbsent: the plan says ensure = "absent".
+	ReasonEnsureAbsent Reason = "ensure_absent"
+	// ReasonOrphan: recorded in state, but its block is gone from the plan.
+	ReasonOrphan Reason = "orphan"
+	// ReasonDestroy: `agent destroy` removes everything the plan manages.
+	ReasonDestroy Reason = "destroy"
+)
+
+// Reasons lists every reason, for documentation and tests.
+var Reasons = []Reason{ReasonMissing, ReasonDiffers, ReasonIdentity, ReasonImmutable, ReasonGone, ReasonUnhealthy,
+	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy}
+
+// Describe is the reason for people.
+func (r Reason) Describe() string {
+	switch r {
+	case ReasonMissing:
+		return "not on the host"
+	case ReasonDiffers:
+		return "differs from the plan"
+	case ReasonIdentity:
+		return "identity changed"
+	case ReasonImmutable:
+		return "fixed at creation"
+	case ReasonGone:
+		return "gone"
+	case ReasonUnhealthy:
+		return "unhealthy"
+	case ReasonUnverified:
+		return "not verified"
+	case ReasonForeign:
+		return "not started by this agent"
+	case ReasonReboot:
+		return "needs a reboot"
+	case ReasonEnsureAbsent:
+		return `ensure = "absent"`
+	case ReasonOrphan:
+		return "no longer in the plan"
+	case ReasonDestroy:
+		return "agent destroy"
+	}
+	return string(r)
+}
+
+// Change is one attribute's difference. Old and New are Go values (strings, numbers,
+// booleans, lists, maps) until a view renders them: the human view as the plan writes
+// them, --json as JSON values.
+type Change struct {
+	// Attr names the attribute as the plan does: `mode`, `flags["tp-size"]`.
+	Attr string
+	// Old and New are the values (nil with HasOld/HasNew false when absent).
+	Old    any
+	New    any
+	HasOld bool
+	HasNew bool
+	// Sensitive values are never printed, in any output.
+	Sensitive bool
+	// Effect is what the change does to the resource (InPlace when empty); Reason why
+	// it is needed (ReasonDiffers when empty).
+	Effect Effect
+	Reason Reason
+	// Note adds what the effect and reason do not say ("hashed, re-downloaded if wrong").
+	Note string
+	// Text is a multi-line rendering (a unified diff of file content), shown indented.
+	Text string
+}
+
+func (c Change) effect() Effect {
+	if c.Effect == "" {
+		return defaultEffect
+	}
+	return c.Effect
+}
+
+// Why is the change's reason (ReasonDiffers when the kind gave none).
+func (c Change) Why() Reason {
+	if c.Reason == "" {
+		return ReasonDiffers
+	}
+	return c.Reason
+}
+
+// EffectOf is the change's effect (InPlace when the kind gave none).
+func (c Change) EffectOf() Effect { return c.effect() }
+
+// Because returns c with its effect and reason.
+func (c Change) Because(e Effect, r Reason) Change { c.Effect, c.Reason = e, r; return c }
+
+// Set is a change from old to new (in place, because it differs, until Because says
+// otherwise).
 func Set(attr string, old, new any) Change {
-	return Change{Attr: attr, Old: Render(old), New: Render(new), HasOld: true, HasNew: true}
+	return Change{Attr: attr, Old: old, New: new, HasOld: true, HasNew: true}
 }
 
 // Added is an attribute that appears.
 func Added(attr string, new any) Change {
-	return Change{Attr: attr, New: Render(new), HasNew: true}
+	return Change{Attr: attr, New: new, HasNew: true}
 }
 
 // Removed is an attribute that goes away.
 func Removed(attr string, old any) Change {
-	return Change{Attr: attr, Old: Render(old), HasOld: true}
+	return Change{Attr: attr, Old: old, HasOld: true}
 }
 
-// Render formats a value for a diff: strings quoted, numbers and booleans bare.
+// Render formats a value for people as a plan writes it: strings quoted, numbers and
+// booleans bare, lists in brackets, maps in braces.
 func Render(v any) string {
 	switch v := v.(type) {
 	case string:
@@ -98,9 +261,49 @@ func Render(v any) string {
 		return v.String()
 	case nil:
 		return "null"
+	case []string:
+		q := make([]string, len(v))
+		for i, s := range v {
+			q[i] = strconv.Quote(s)
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	case []any:
+		q := make([]string, len(v))
+		for i, s := range v {
+			q[i] = Render(s)
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	case map[string]string:
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		q := make([]string, len(keys))
+		for i, k := range keys {
+			q[i] = strconv.Quote(k) + " = " + strconv.Quote(v[k])
+		}
+		return "{" + strings.Join(q, ", ") + "}"
+	case map[string]any:
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		q := make([]string, len(keys))
+		for i, k := range keys {
+			q[i] = strconv.Quote(k) + " = " + Render(v[k])
+		}
+		return "{" + strings.Join(q, ", ") + "}"
 	}
 	return fmt.Sprint(v)
 }
+
+// Raw is a value already written for people (a sentence such as "pid 12 is gone"): the
+// human view prints it unquoted; --json emits it as a string.
+type Raw string
+
+func (r Raw) String() string { return string(r) }
 
 // Summary counts the actions of a set of diffs, for "Plan: 1 to create, …".
 type Summary struct {

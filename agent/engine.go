@@ -45,6 +45,14 @@ type Options struct {
 	NoDestructive bool
 	// Terminal is passed to resources as Env.Terminal (nil: no progress drawing).
 	Terminal io.Writer
+	// Orphans says what happens to resources recorded in state whose blocks are gone from
+	// the plan. The zero value (OrphansByPlan, agent run) deletes them only when the plan
+	// says agent { prune = true } and otherwise reports them; plan and apply use
+	// OrphansDelete.
+	Orphans OrphanMode
+	// AllowDeleteAll lets an apply delete every resource of a guarded kind (Kind.Guarded:
+	// every server) while the plan keeps none (--allow-delete-all).
+	AllowDeleteAll bool
 	// Hold, when set, is asked before each resource is observed and again right before it
 	// is acted on; a non-nil error fails the step with that error without touching the
 	// resource (and skips its dependents). The reconcile loop uses it for per-resource
@@ -60,6 +68,16 @@ type Engine struct {
 	store     *state.Store
 	opts      Options
 	log       *slog.Logger
+	kinds     map[string]Kind
+	// orphans are the addresses recorded in state but gone from the plan, in the order
+	// they are deleted (dependents first); their resources are in resources.
+	orphans []string
+	// movedFrom maps a moved block's new address to its old one.
+	movedFrom map[string]string
+	// refused are delete steps the delete-all guard refuses in this apply.
+	refused map[string]error
+	// destroying is set on the engine Destroy derives.
+	destroying bool
 }
 
 // Bind binds every resource of a loaded plan to its kind. It touches nothing on the host,
@@ -121,8 +139,17 @@ func New(p *plans.Plan, kinds []Kind, store *state.Store, opts Options) (*Engine
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{plan: p, resources: resources, graph: g, store: store, opts: opts, log: log}
+	e := &Engine{plan: p, resources: resources, graph: g, store: store, opts: opts, log: log, kinds: map[string]Kind{}, movedFrom: map[string]string{}}
+	for _, k := range kinds {
+		e.kinds[k.Name] = k
+	}
+	for _, m := range p.Moved {
+		e.movedFrom[m.To] = m.From
+	}
 	if err := e.checkHost(); err != nil {
+		return nil, err
+	}
+	if err := e.findOrphans(); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -162,7 +189,7 @@ func (e *Engine) Order() []string {
 }
 
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.store.For(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal}
+	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal}
 }
 
 // Budget bounds how long one Apply of the whole plan can take: every step's observe, act
@@ -220,7 +247,7 @@ func (e *Engine) check(ctx context.Context, addr string) (*Diff, error) {
 	if d == nil {
 		d = NoChange()
 	}
-	return d, nil
+	return d.Derive(), nil
 }
 
 // withAddr prefixes err with the resource address unless it already starts with it.
@@ -244,6 +271,10 @@ type Step struct {
 	// Status is the live status (status runs only).
 	Status   *Status
 	Duration time.Duration
+	// Orphan: the resource is recorded in state but its block is gone from the plan.
+	Orphan bool
+	// MovedFrom is the old address of a resource a moved block renamed.
+	MovedFrom string
 }
 
 // Skipped reports whether the step did not run because a dependency failed, and which.
@@ -287,8 +318,8 @@ func (r *Report) Changes() bool { return r.Summary().Total() > 0 }
 func (e *Engine) newReport() (*Report, map[string]*Step) {
 	rep := &Report{}
 	byAddr := map[string]*Step{}
-	for _, a := range e.Order() {
-		st := &Step{Addr: a}
+	for _, a := range e.addrs() {
+		st := &Step{Addr: a, Orphan: e.isOrphan(a), MovedFrom: e.movedFrom[a]}
 		rep.Steps = append(rep.Steps, st)
 		byAddr[a] = st
 	}
@@ -312,7 +343,7 @@ func (e *Engine) Plan(ctx context.Context) *Report {
 func (e *Engine) each(ctx context.Context, fn func(ctx context.Context, addr string)) {
 	sem := make(chan struct{}, e.opts.Parallelism)
 	var wg sync.WaitGroup
-	for _, addr := range e.Order() {
+	for _, addr := range e.addrs() {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -353,7 +384,16 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 		defer evMu.Unlock()
 		onEvent(Event{Step: st, Phase: phase})
 	}
-	results, err := e.graph.Walk(ctx, e.opts.Parallelism, func(ctx context.Context, addr string) error {
+	if err := e.move(); err != nil {
+		for _, st := range rep.Steps {
+			st.Err = err
+		}
+		return rep
+	}
+	if !e.opts.AllowDeleteAll && !e.destroying {
+		e.refused = e.guardDeleteAll(ctx)
+	}
+	step := func(ctx context.Context, addr string) error {
 		st := byAddr[addr]
 		start := time.Now()
 		st.Err = e.applyOne(ctx, st, func() { emit(st, "start") })
@@ -362,7 +402,17 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 			emit(st, "done")
 		}
 		return st.Err
-	})
+	}
+	// Orphans first, one at a time, dependents first: what they hold (a port, GPU
+	// memory, a container) is often what the plan's resources need.
+	for _, addr := range e.orphans {
+		if ctx.Err() != nil {
+			byAddr[addr].Err = ctx.Err()
+			continue
+		}
+		step(ctx, addr)
+	}
+	results, err := e.graph.Walk(ctx, e.opts.Parallelism, step)
 	if err != nil {
 		// The loader rejects cycles, so this cannot happen with a loaded plan.
 		for _, st := range rep.Steps {
@@ -376,6 +426,7 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 			emit(st, "done")
 		}
 	}
+	e.saveDeps(rep)
 	return rep
 }
 
@@ -395,8 +446,16 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
 	if d.Action == NoOp {
 		return nil
 	}
+	if st.Orphan && !e.pruning() {
+		d.Warnings = append(d.Warnings, "not deleted: it is no longer in the plan, and agent run deletes orphans only with agent { prune = true } (agent apply deletes it)")
+		e.log.Warn("orphan not deleted", "resource", addr, "action", string(d.Action))
+		return nil
+	}
 	if e.opts.NoDestructive && d.Action.Destructive() {
 		return fmt.Errorf("%s: %s: %w", addr, d.Action, ErrDestructiveRefused)
+	}
+	if err := e.refused[addr]; err != nil && d.Action == Delete {
+		return fmt.Errorf("%s: %s: %w", addr, d.Action, err)
 	}
 	if e.opts.Hold != nil {
 		// Observation takes time (a readiness probe, a Hub request): what held nothing

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -13,11 +14,38 @@ import (
 // observe → act → verify as Apply's step (applyOne), under the same holds, timeouts and
 // panic guard.
 
-// Addrs returns the addresses the engine acts on, in dependency order.
-func (e *Engine) Addrs() []string { return e.Order() }
+// Addrs returns the addresses the engine acts on: orphans first, then the plan's
+// resources in dependency order.
+func (e *Engine) Addrs() []string { return e.addrs() }
 
 // Has reports whether the engine acts on addr.
-func (e *Engine) Has(addr string) bool { return e.graph.Has(addr) }
+func (e *Engine) Has(addr string) bool { return e.graph.Has(addr) || e.isOrphan(addr) }
+
+// Prepare does, under the state lock, what Apply does once before its walk: it carries
+// out the plan's moved blocks (a record renamed, nothing restarted) and finds which
+// orphan deletes the delete-all guard refuses. A loop calls it once per engine, before
+// its first Reconcile; an error (both records of a move exist) means the plan cannot run.
+func (e *Engine) Prepare(ctx context.Context) error {
+	if err := e.move(); err != nil {
+		return err
+	}
+	if !e.opts.AllowDeleteAll && !e.destroying {
+		e.refused = e.guardDeleteAll(ctx)
+	}
+	return nil
+}
+
+// recordMu serialises the read-modify-write of the dependencies record between
+// concurrent reconciles.
+var recordMu sync.Mutex
+
+// Record keeps what a verified reconcile teaches the state: what the resource depends on
+// (to order it as an orphan later), or, for an orphan deleted, that it is gone.
+func (e *Engine) Record(st *Step) {
+	recordMu.Lock()
+	defer recordMu.Unlock()
+	e.saveDeps(&Report{Steps: []*Step{st}})
+}
 
 // Deps returns the direct dependencies of addr.
 func (e *Engine) Deps(addr string) []string { return e.graph.Deps(addr) }
@@ -41,7 +69,7 @@ func (e *Engine) StepTimeout(addr string) time.Duration { return e.timeout(addr)
 // after acting finds nothing to do. It does not look at dependencies: the caller acts on
 // a resource only once they converged.
 func (e *Engine) Reconcile(ctx context.Context, addr string) *Step {
-	st := &Step{Addr: addr}
+	st := e.newStep(addr)
 	start := time.Now()
 	st.Err = e.applyOne(ctx, st, func() {})
 	st.Duration = time.Since(start)
@@ -58,9 +86,13 @@ func (e *Engine) Observe(ctx context.Context, addr string) (*Diff, error) {
 // caller observed moments ago: a resource without its own Status is then judged from it
 // instead of being observed again.
 func (e *Engine) StatusOf(ctx context.Context, addr string, d *Diff) *Step {
-	st := &Step{Addr: addr}
+	st := e.newStep(addr)
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
+	if st.Orphan {
+		e.orphanStatus(ctx, st)
+		return st
+	}
 	if s, ok := e.resources[addr].(Statuser); ok {
 		st.Err = e.guard(ctx, addr, "status", func(ctx context.Context) error {
 			var err error
@@ -86,6 +118,11 @@ func (e *Engine) StatusOf(ctx context.Context, addr string, d *Diff) *Step {
 		st.Status = &Status{Healthy: false, Summary: "drift: " + describe(d)}
 	}
 	return st
+}
+
+// newStep is addr's step as a report holds it.
+func (e *Engine) newStep(addr string) *Step {
+	return &Step{Addr: addr, Orphan: e.isOrphan(addr), MovedFrom: e.movedFrom[addr]}
 }
 
 // Watch blocks until addr may have changed (Watcher) or ctx ends. It returns

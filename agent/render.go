@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,7 +13,7 @@ import (
 
 // FormatVersion is the version of the --json output schema (docs/json-output.md). It
 // changes only when a field changes meaning or disappears; new fields keep it.
-const FormatVersion = "1"
+const FormatVersion = "2"
 
 // Redactor replaces secret values in text that reaches people or machines. Per-attribute
 // Sensitive flags keep known secrets out of diffs; the redactor is the backstop for
@@ -49,6 +50,7 @@ func (v *View) printf(format string, args ...any) {
 func (v *View) Plan(rep *Report) {
 	changed := 0
 	for _, st := range rep.Steps {
+		v.moved(st)
 		if st.Err != nil {
 			v.printf("  ! %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
 			continue
@@ -79,6 +81,13 @@ func countErrs(rep *Report) int {
 		}
 	}
 	return n
+}
+
+// moved says that a moved block renames the resource (its record moves; nothing restarts).
+func (v *View) moved(st *Step) {
+	if st.MovedFrom != "" {
+		v.printf("  %s has moved to %s (its record moves; nothing restarts)\n", st.MovedFrom, st.Addr)
+	}
 }
 
 func (v *View) warnings(st *Step) {
@@ -112,7 +121,7 @@ func changeLine(c Change) string {
 	case c.HasOld && !c.HasNew:
 		sym = "-"
 	}
-	old, new := c.Old, c.New
+	old, new := Render(c.Old), Render(c.New)
 	if c.Sensitive {
 		old, new = "(sensitive)", "(sensitive)"
 	}
@@ -129,10 +138,27 @@ func changeLine(c Change) string {
 	if val != "" {
 		line += ": " + val
 	}
-	if c.Note != "" {
-		line += "  (" + c.Note + ")"
+	if note := noteOf(c); note != "" {
+		line += "  (" + note + ")"
 	}
 	return strings.TrimRight(line, " ")
+}
+
+// noteOf is what the human view says after a change: the kind's note, else what its
+// effect means when that is more than an in-place change.
+func noteOf(c Change) string {
+	if c.Note != "" {
+		return c.Note
+	}
+	switch c.EffectOf() {
+	case Restarts:
+		return "restart"
+	case Replaces:
+		return "forces replacement"
+	case Deletes:
+		return c.Why().Describe()
+	}
+	return ""
 }
 
 // errLine is an error as shown after "ADDR: ": without the address it already starts with.
@@ -162,7 +188,12 @@ func (v *View) ApplyEvent(ev Event) {
 }
 
 // ApplySummary prints the closing line of an apply.
-func (v *View) ApplySummary(rep *Report) {
+func (v *View) ApplySummary(rep *Report) { v.summary(rep, "Apply") }
+
+// DestroySummary prints the closing line of agent destroy.
+func (v *View) DestroySummary(rep *Report) { v.summary(rep, "Destroy") }
+
+func (v *View) summary(rep *Report, verb string) {
 	applied, failed, skipped := 0, 0, 0
 	for _, st := range rep.Steps {
 		switch {
@@ -181,11 +212,11 @@ func (v *View) ApplySummary(rep *Report) {
 	}
 	switch {
 	case failed > 0:
-		v.printf("\nApply failed: %d changed, %d failed, %d skipped.\n", applied, failed, skipped)
+		v.printf("\n%s failed: %d changed, %d failed, %d skipped.\n", verb, applied, failed, skipped)
 	case applied == 0:
 		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
 	default:
-		v.printf("\nApply complete: %d changed, all verified; %d unchanged.\n", applied, len(rep.Steps)-applied)
+		v.printf("\n%s complete: %d changed, all verified; %d unchanged.\n", verb, applied, len(rep.Steps)-applied)
 	}
 }
 
@@ -280,17 +311,56 @@ type JSONResource struct {
 	Error          string       `json:"error,omitempty"`
 	SkippedBecause string       `json:"skipped_because,omitempty"`
 	DurationMS     int64        `json:"duration_ms"`
+	// Orphan: recorded in state, its block gone from the plan.
+	Orphan bool `json:"orphan,omitempty"`
+	// MovedFrom is the address a moved block renamed this resource from.
+	MovedFrom string `json:"moved_from,omitempty"`
 }
 
 // JSONChange is one attribute change; old and new are absent when the attribute is
-// absent on that side or sensitive.
+// absent on that side or sensitive. They are JSON values of the attribute's own type (a
+// number is a number, a list a list), never a rendering.
 type JSONChange struct {
-	Attribute string  `json:"attribute"`
-	Old       *string `json:"old,omitempty"`
-	New       *string `json:"new,omitempty"`
-	Sensitive bool    `json:"sensitive,omitempty"`
-	Note      string  `json:"note,omitempty"`
-	Text      string  `json:"text,omitempty"`
+	Attribute string `json:"attribute"`
+	Old       any    `json:"old,omitempty"`
+	New       any    `json:"new,omitempty"`
+	Sensitive bool   `json:"sensitive,omitempty"`
+	Effect    Effect `json:"effect"`
+	Reason    Reason `json:"reason"`
+	Note      string `json:"note,omitempty"`
+	Text      string `json:"text,omitempty"`
+}
+
+// jsonValue is v as a plain JSON value (strings, numbers, booleans, lists, objects) with
+// secrets redacted from every string in it.
+func jsonValue(v any, r *Redactor) any {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return r.String(fmt.Sprint(v))
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var out any
+	if err := dec.Decode(&out); err != nil {
+		return r.String(string(data))
+	}
+	return redactValue(out, r)
+}
+
+func redactValue(v any, r *Redactor) any {
+	switch v := v.(type) {
+	case string:
+		return r.String(v)
+	case []any:
+		for i := range v {
+			v[i] = redactValue(v[i], r)
+		}
+	case map[string]any:
+		for k, x := range v {
+			v[k] = redactValue(x, r)
+		}
+	}
+	return v
 }
 
 // JSON converts a report to its --json document.
@@ -301,9 +371,9 @@ func JSON(command string, rep *Report, p *plans.Plan, r *Redactor) *JSONOutput {
 		out.Summary = &s
 	}
 	for _, st := range rep.Steps {
-		res := p.Resource(st.Addr)
-		jr := JSONResource{Address: st.Addr, Type: res.Type, Name: res.Name, Applied: st.Applied,
-			Status: st.Status, DurationMS: st.Duration.Milliseconds()}
+		typ, name, _ := strings.Cut(st.Addr, ".")
+		jr := JSONResource{Address: st.Addr, Type: typ, Name: name, Applied: st.Applied,
+			Status: st.Status, DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom}
 		if st.Err != nil {
 			if cause, ok := st.Skipped(); ok {
 				jr.SkippedBecause = cause
@@ -316,15 +386,13 @@ func JSON(command string, rep *Report, p *plans.Plan, r *Redactor) *JSONOutput {
 				jr.Warnings = append(jr.Warnings, r.String(w))
 			}
 			for _, c := range d.Changes {
-				jc := JSONChange{Attribute: c.Attr, Sensitive: c.Sensitive, Note: c.Note}
+				jc := JSONChange{Attribute: c.Attr, Sensitive: c.Sensitive, Effect: c.EffectOf(), Reason: c.Why(), Note: r.String(c.Note)}
 				if !c.Sensitive {
 					if c.HasOld {
-						s := r.String(c.Old)
-						jc.Old = &s
+						jc.Old = jsonValue(c.Old, r)
 					}
 					if c.HasNew {
-						s := r.String(c.New)
-						jc.New = &s
+						jc.New = jsonValue(c.New, r)
 					}
 					jc.Text = r.String(c.Text)
 				}

@@ -64,6 +64,16 @@ type Kind struct {
 	// diagnostics pointing into the plan (use r.Range for their subject). Bind must not
 	// touch the host: `agent validate` calls it.
 	Bind func(r *plans.Resource) (Resource, hcl.Diagnostics)
+	// Orphan, when set, builds from its state record alone the resource that deletes what
+	// addr was: the record of a block gone from the plan (a server's verified stop). A
+	// nil Resource with a nil error means nothing is left to delete (a record of
+	// something already removed), and the address is not shown. Kinds without Orphan
+	// are never deleted by the agent (an nvidia_driver); their orphans are reported.
+	Orphan func(addr string, st *state.Scoped) (Resource, error)
+	// Guarded kinds serve (server): an apply that would delete every one of them that the
+	// agent manages, and keep none, needs Options.AllowDeleteAll, so that a plan emptied
+	// by a missing var file cannot take a host's serving down.
+	Guarded bool
 }
 
 // NewKind builds a Kind from a typed bind function, so each kind works with its own

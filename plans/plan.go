@@ -22,6 +22,8 @@ type Plan struct {
 	Variables map[string]*Variable
 	// Resources in declaration order (files in name order, blocks in source order).
 	Resources []*Resource
+	// Moved are the plan's renames (moved blocks), in source order.
+	Moved []Moved
 
 	secrets []string
 }
@@ -47,6 +49,9 @@ type AgentSettings struct {
 	Interval      time.Duration // reconcile interval of `agent run`; 0 when not set
 	MetricsListen string
 	IncusSocket   string
+	// Prune lets `agent run` delete orphans (resources recorded in state whose blocks are
+	// gone from the plan); without it the loop only reports them.
+	Prune bool
 }
 
 // HostSettings is the `host` block: guards about which host this plan is for.

@@ -20,6 +20,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -39,6 +40,7 @@ type ContainerConfig struct {
 	NvidiaInstaller *ContainerInstallerConfig `hcl:"nvidia_installer,block"`
 	Running         *bool                     `hcl:"running,optional"`
 	StopTimeout     *string                   `hcl:"stop_timeout,optional"`
+	Ensure          *string                   `hcl:"ensure,optional"` // "absent": container_delete.go
 
 	GPUs    []ContainerGPUConfig    `hcl:"gpu,block"`
 	Disks   []ContainerDiskConfig   `hcl:"disk,block"`
@@ -116,6 +118,8 @@ type Container struct {
 	host    Host
 	mu      sync.Mutex
 	clients map[string]*incus.Client
+
+	deletion // ensure = "absent", agent destroy, an orphan: container_delete.go
 }
 
 var (
@@ -125,16 +129,19 @@ var (
 
 // ContainerKind is the `container` resource kind, acting on h.
 func ContainerKind(h Host) agent.Kind {
-	return agent.NewKind("container", func(r *plans.Resource, c *ContainerConfig) (agent.Resource, hcl.Diagnostics) {
+	k := agent.NewKind("container", func(r *plans.Resource, c *ContainerConfig) (agent.Resource, hcl.Diagnostics) {
 		res, diags := bindContainer(r, c)
 		if res != nil {
 			res.host = h
+			diags = append(diags, res.bindEnsure(r, c.Ensure)...)
 		}
 		if diags.HasErrors() {
 			return nil, diags
 		}
 		return res, diags
 	})
+	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) { return orphanContainer(h, addr, st) }
+	return k
 }
 
 // serverOwned reports whether Incus sets and owns a config key: never diffed, never
@@ -375,6 +382,7 @@ func (r containerRecord) of(name, uuid string) bool {
 // containerDetail is what Check decided, for Apply.
 type containerDetail struct {
 	create, replace bool
+	remove, forget  bool   // delete the instance (ensure = "absent"); drop the record only
 	fingerprint     string // resolved image, for create and replace
 	imageRecord     string // the image attribute to record (the plan's, or the recorded one)
 	uuid            string // the observed instance's volatile.uuid
@@ -454,6 +462,9 @@ func resolveImage(ctx context.Context, c *incus.Client, image string) (string, e
 
 // Check observes the instance and compares it with the plan.
 func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if k.absent {
+		return k.checkAbsent(ctx, env)
+	}
 	c := k.client(env)
 	var rec containerRecord
 	if env != nil && env.State != nil {
@@ -474,14 +485,12 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 	}
 	det := &containerDetail{setConfig: map[string]string{}, setDevices: map[string]map[string]string{},
 		imageRecord: rec.Image, fingerprint: rec.Fingerprint, uuid: uuid}
-	d := &agent.Diff{Action: agent.NoOp, Detail: det}
+	d := &agent.Diff{Detail: det}
 
 	// What cannot change in place.
 	var replace []agent.Change
 	if inst.Type != k.itype {
-		ch := agent.Set("type", inst.Type, k.itype)
-		ch.Note = "forces replacement"
-		replace = append(replace, ch)
+		replace = append(replace, agent.Set("type", inst.Type, k.itype).Because(agent.Replaces, agent.ReasonImmutable))
 	}
 	base := inst.Config["volatile.base_image"]
 	sameImage := rec.Image == k.image && rec.Fingerprint != "" && rec.Fingerprint == base
@@ -498,8 +507,7 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 			d.Warnings = append(d.Warnings, fmt.Sprintf("instance %s records no base image (volatile.base_image); image %q is not compared", k.name, k.image))
 		default:
 			ch := agent.Set("image", shortFP(base), fmt.Sprintf("%s (%s)", k.image, shortFP(fp)))
-			ch.Note = "forces replacement"
-			replace = append(replace, ch)
+			replace = append(replace, ch.Because(agent.Replaces, agent.ReasonImmutable))
 		}
 	} else if now, err := resolveImage(ctx, c, k.image); err == nil && now != base {
 		d.Warnings = append(d.Warnings, fmt.Sprintf("image %q now points to %s; instance %s was created from %s and is not replaced for that (write the new fingerprint as image, with replace = \"allowed\", to rebuild it)",
@@ -509,19 +517,19 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 		if !k.allowReplace {
 			var what []string
 			for _, ch := range replace {
-				what = append(what, fmt.Sprintf("%s %s → %s", ch.Attr, ch.Old, ch.New))
+				what = append(what, fmt.Sprintf("%s %s → %s", ch.Attr, agent.Render(ch.Old), agent.Render(ch.New)))
 			}
 			// Terminal: retrying cannot help until the plan changes (agent run stops trying).
 			return nil, agent.Terminal(fmt.Errorf("instance %s needs a replace (%s): Incus cannot change an instance's image or type in place, and replace = \"refuse\". Set replace = \"allowed\" to delete and recreate it (its root filesystem and snapshots are lost; host directories of disk devices are kept)",
 				k.name, strings.Join(what, ", ")))
 		}
-		d.Action = agent.Replace
 		d.Changes = replace
 		det.replace = true
 		det.fingerprint = fp
 		det.imageRecord = k.image
-		d.Add(agent.Change{Attr: "devices", Note: "disk devices' host directories are kept", New: fmt.Sprintf("(%d declared)", len(k.devices)), HasNew: true})
-		return d, nil
+		d.Add(agent.Change{Attr: "devices", Note: "disk devices' host directories are kept", New: agent.Raw(fmt.Sprintf("(%d declared)", len(k.devices))), HasNew: true,
+			Effect: agent.Replaces, Reason: agent.ReasonImmutable})
+		return d.Derive(), nil
 	}
 
 	if k.nvidiaRT {
@@ -582,9 +590,9 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 			continue
 		}
 		attr := fmt.Sprintf("%s[%q]", k.deviceKind[name], name)
-		ch := agent.Change{Attr: attr, New: renderIncusDevice(want), HasNew: true}
+		ch := agent.Change{Attr: attr, New: incusDevice(want), HasNew: true}
 		if ok {
-			ch.Old, ch.HasOld = renderIncusDevice(have), true
+			ch.Old, ch.HasOld = incusDevice(have), true
 		}
 		if k.deviceRestart(want, have) {
 			ch.Note = "restart"
@@ -598,7 +606,7 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 			continue
 		}
 		if have, ok := inst.Devices[name]; ok {
-			ch := agent.Change{Attr: fmt.Sprintf("device[%q]", name), Old: renderIncusDevice(have), HasOld: true}
+			ch := agent.Change{Attr: fmt.Sprintf("device[%q]", name), Old: incusDevice(have), HasOld: true}
 			if k.deviceRestart(nil, have) {
 				ch.Note = "restart"
 				restart = true
@@ -665,15 +673,20 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 		}
 	}
 
-	switch {
-	case len(d.Changes) == 0:
+	if len(d.Changes) == 0 {
 		return agent.NoChange(), nil
-	case det.restart:
-		d.Action = agent.Restart
-	default:
-		d.Action = agent.Update
 	}
-	return d, nil
+	// A key or device that needs a restart restarts only an instance that runs and stays
+	// running; otherwise it is set in place.
+	for i := range d.Changes {
+		if d.Changes[i].Note == "restart" {
+			d.Changes[i].Note = ""
+			if det.restart {
+				d.Changes[i].Effect = agent.Restarts
+			}
+		}
+	}
+	return d.Derive(), nil
 }
 
 // deviceRestart reports whether changing a device from have to want needs the instance
@@ -694,7 +707,7 @@ func (k *Container) createDiff(ctx context.Context, c *incus.Client) (*agent.Dif
 		}
 	}
 	det := &containerDetail{create: true, fingerprint: fp, imageRecord: k.image, start: k.running}
-	d := &agent.Diff{Action: agent.Create, Detail: det}
+	d := &agent.Diff{Detail: det}
 	d.Add(agent.Added("name", k.name))
 	d.Add(agent.Added("image", fmt.Sprintf("%s (%s)", k.image, shortFP(fp))))
 	if k.itype != "container" {
@@ -711,7 +724,7 @@ func (k *Container) createDiff(ctx context.Context, c *incus.Client) (*agent.Dif
 		d.Add(agent.Added(fmt.Sprintf("config[%q]", key), k.config[key]))
 	}
 	for _, name := range containerKeys(k.devices) {
-		d.Add(agent.Change{Attr: fmt.Sprintf("%s[%q]", k.deviceKind[name], name), New: renderIncusDevice(k.devices[name]), HasNew: true})
+		d.Add(agent.Change{Attr: fmt.Sprintf("%s[%q]", k.deviceKind[name], name), New: incusDevice(k.devices[name]), HasNew: true})
 	}
 	d.Add(agent.Added("running", k.running))
 	if k.userspace != "" {
@@ -719,7 +732,10 @@ func (k *Container) createDiff(ctx context.Context, c *incus.Client) (*agent.Dif
 		ch.Note = "checked once the instance runs"
 		d.Add(ch)
 	}
-	return d, nil
+	for i := range d.Changes {
+		d.Changes[i] = d.Changes[i].Because(agent.Creates, agent.ReasonMissing)
+	}
+	return d.Derive(), nil
 }
 
 // checkProfilesPrivileged refuses nvidia_runtime when a profile makes the container
@@ -750,6 +766,9 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	det, ok := d.Detail.(*containerDetail)
 	if !ok {
 		return fmt.Errorf("internal error: container detail is %T", d.Detail)
+	}
+	if k.absent {
+		return k.applyAbsent(ctx, env, det)
 	}
 	c := k.client(env)
 	logf := func(msg string, args ...any) {
@@ -1138,6 +1157,9 @@ func (k *Container) verifyUserspace(ctx context.Context, c *incus.Client, env *a
 // Status reports the instance's live state: status, init PID, addresses, attached GPUs
 // and disks.
 func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
+	if k.absent {
+		return k.absentStatus(ctx, env)
+	}
 	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
@@ -1245,6 +1267,12 @@ func renderIncusDevice(dev map[string]string) string {
 	}
 	return typ + " {" + strings.Join(parts, ", ") + "}"
 }
+
+// incusDevice is a device's options as a diff value: JSON shows the options as an object,
+// people see renderIncusDevice's one line.
+type incusDevice map[string]string
+
+func (d incusDevice) String() string { return renderIncusDevice(d) }
 
 func shortFP(fp string) string {
 	if len(fp) > 12 {

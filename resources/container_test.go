@@ -125,9 +125,18 @@ func (h *ctrHarness) exec(argv ...string) string {
 	return string(res.Stdout)
 }
 
+// hasChange reports whether d changes attr with a note (the kind's, or what its effect
+// says: "restart", "forces replacement") that contains note.
 func hasChange(d *agent.Diff, attr, note string) bool {
 	for _, c := range d.Changes {
-		if c.Attr == attr && strings.Contains(c.Note, note) {
+		shown := c.Note
+		switch c.EffectOf() {
+		case agent.Restarts:
+			shown += " restart"
+		case agent.Replaces:
+			shown += " forces replacement"
+		}
+		if c.Attr == attr && strings.Contains(shown, note) {
 			return true
 		}
 	}
@@ -161,7 +170,7 @@ func TestContainerLifecycle(t *testing.T) {
 
 	// In place: a changed value, under the ETag; volatile.* kept, no restart.
 	d = h.plan(base + `  config = { "user.answer" = 43, "user.flag" = true, "limits.processes" = "500" }`)
-	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Attr != `config["user.answer"]` || d.Changes[0].Old != `"42"` {
+	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Attr != `config["user.answer"]` || d.Changes[0].Old != "42" {
 		t.Fatalf("config change diff: %s %+v", d.Action, d.Changes)
 	}
 	_, etagBefore := h.inst()
@@ -335,7 +344,7 @@ func TestContainerGPUMissing(t *testing.T) {
 	d := h.plan(body)
 	found := false
 	for _, c := range d.Changes {
-		found = found || c.Attr == `gpu["gpu0"]` && c.New == `gpu {pci = "0000:7f:1f.7"}`
+		found = found || c.Attr == `gpu["gpu0"]` && agent.Render(c.New) == `gpu {pci = "0000:7f:1f.7"}`
 	}
 	if !found {
 		t.Errorf("gpu diff: %+v", d.Changes)
@@ -380,7 +389,7 @@ func TestContainerUserspaceAndFiles(t *testing.T) {
   nvidia_userspace = "580.95.05"
 `
 	d := h.plan(want)
-	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Old != `"550.54.14"` || d.Changes[0].New != `"580.95.05"` {
+	if d.Action != agent.Update || len(d.Changes) != 1 || d.Changes[0].Old != "550.54.14" || d.Changes[0].New != "580.95.05" {
 		t.Fatalf("userspace diff: %s %+v", d.Action, d.Changes)
 	}
 	rep := h.engine(want).Apply(ctx, nil)

@@ -32,6 +32,7 @@ type DownloadConfig struct {
 	CheckpointEvery *int64               `hcl:"checkpoint_every,optional"`
 	Files           []DownloadFileConfig `hcl:"file,block"`
 	HuggingFace     *DownloadHubConfig   `hcl:"huggingface,block"`
+	Ensure          *string              `hcl:"ensure,optional"` // "absent": download_delete.go
 }
 
 // DownloadFileConfig is a `file "NAME" { url, sha256, size }` block of a download.
@@ -81,6 +82,8 @@ type Download struct {
 
 	mu   sync.Mutex
 	memo *hubMemo // a branch resolved by this process
+
+	deletion // ensure = "absent", agent destroy, an orphan: download_delete.go
 }
 
 type hubSource struct {
@@ -101,7 +104,18 @@ var (
 
 // DownloadKind is the `download` resource kind.
 func DownloadKind(h Host) agent.Kind {
-	return agent.NewKind("download", bindDownload)
+	k := agent.NewKind("download", func(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
+		res, diags := bindDownload(r, c)
+		if d, ok := res.(*Download); ok && d != nil {
+			diags = append(diags, d.bindEnsure(r, c.Ensure)...)
+		}
+		if diags.HasErrors() {
+			return nil, diags
+		}
+		return res, diags
+	})
+	k.Orphan = orphanDownload
+	return k
 }
 
 func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
@@ -217,6 +231,8 @@ func (d *Download) Timeout() time.Duration { return d.timeout }
 // downloadRecord is the resource's state: the Hub listing (a cache of remote facts, keyed
 // by endpoint, repo and commit) and the progress of a running apply.
 type downloadRecord struct {
+	// Dest is where the files went: an orphan's delete finds its manifest there.
+	Dest     string          `json:"dest,omitempty"`
 	Hub      *hubListing     `json:"huggingface,omitempty"`
 	Progress *progressRecord `json:"progress,omitempty"`
 }
@@ -362,6 +378,9 @@ func (d *Download) token() (string, []string, error) {
 // os.Stat alone: a converged download is confirmed without reading its data (and, pinned to
 // a commit, without the network). Extra files are warnings; they are never deleted.
 func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if d.absent {
+		return d.checkAbsent(env)
+	}
 	var prev downloadRecord
 	if _, err := env.State.Load(&prev); err != nil {
 		return nil, err
@@ -380,10 +399,9 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 	if err != nil {
 		return nil, err
 	}
-	diff := &agent.Diff{Action: agent.Update, Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
+	diff := &agent.Diff{Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
 	if _, err := os.Stat(d.dest); errors.Is(err, os.ErrNotExist) {
-		diff.Action = agent.Create
-		diff.Add(agent.Added("dest", d.dest))
+		diff.Add(agent.Added("dest", d.dest).Because(agent.Creates, agent.ReasonMissing))
 	}
 	if h := prev.Hub; d.hub != nil && h != nil && h.Endpoint == d.hub.endpoint && h.Repo == d.hub.repo &&
 		h.Commit != t.listing.Commit && !res.Converged() {
@@ -402,23 +420,21 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		}
 		switch {
 		case fs.State == fetch.StateVerify:
-			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: fs.Reason, New: "re-verify " + size, Note: "hashed, re-downloaded if wrong"})
+			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("re-verify " + size), Note: "hashed, re-downloaded if wrong", Reason: agent.ReasonUnverified})
 		case fs.Size >= 0:
-			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: fs.Reason, New: "download " + size})
+			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("download " + size), Reason: agent.ReasonDiffers})
 		case fs.Partial > 0:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw(fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))), Reason: agent.ReasonMissing})
 		default:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: "download " + size})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw("download " + size), Reason: agent.ReasonMissing})
 		}
 		missing++
 	}
 	diff.Warnings = append(diff.Warnings, extraWarnings(res.Extra)...)
 	if missing == 0 {
-		diff.Action = agent.NoOp
 		diff.Changes = nil
-		return diff, nil
 	}
-	return diff, nil
+	return diff.Derive(), nil
 }
 
 func extraWarnings(extra []string) []string {
@@ -438,7 +454,7 @@ func (d *Download) saveListing(env *agent.Env, l *hubListing) error {
 	if _, err := env.State.Load(&rec); err != nil {
 		return err
 	}
-	rec.Hub = l
+	rec.Hub, rec.Dest = l, d.dest
 	return env.State.Save(&rec)
 }
 
@@ -446,6 +462,9 @@ func (d *Download) saveListing(env *agent.Env, l *hubListing) error {
 // records the Hub commit. Progress goes to the terminal when there is one, and to state
 // (for `agent status` in another process) at most once a second.
 func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) error {
+	if d.absent {
+		return d.applyAbsent(env, diff)
+	}
 	det, ok := diff.Detail.(*downloadDetail)
 	if !ok {
 		return errors.New("internal error: no download detail")
@@ -494,7 +513,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 		}
 		errs = append(errs, fmt.Errorf("%d of %d files not in place (verified files are kept; a re-run resumes the rest): %w", failed, len(files), ferr))
 	}
-	rec.Progress = nil
+	rec.Progress, rec.Dest = nil, d.dest
 	if err := env.State.Save(&rec); err != nil {
 		errs = append(errs, err)
 	}
@@ -505,6 +524,9 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 // of the files and partial files (no data read), and, while an apply in another process is
 // downloading, its bytes, rate and ETA per file from the progress it records in state.
 func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
+	if d.absent {
+		return d.absentStatus(env)
+	}
 	var rec downloadRecord
 	if _, err := env.State.Load(&rec); err != nil {
 		return nil, err

@@ -42,12 +42,12 @@ func sha(b []byte) string {
 
 // engine loads src (plan.hcl in dir, with var.root = dir) over the state in dir/.state. Each
 // call is a fresh engine, as a new agent process would be.
-func engine(t *testing.T, dir, src string) *agent.Engine {
+func engine(t testing.TB, dir, src string) *agent.Engine {
 	t.Helper()
 	return testEngine(t, dir, src, Kinds(), openStore(t, filepath.Join(dir, ".state")), agent.Options{}, "root="+dir)
 }
 
-func mustApply(t *testing.T, e *agent.Engine) *agent.Report {
+func mustApply(t testing.TB, e *agent.Engine) *agent.Report {
 	t.Helper()
 	rep := e.Apply(t.Context(), nil)
 	for _, st := range rep.Steps {
@@ -58,7 +58,7 @@ func mustApply(t *testing.T, e *agent.Engine) *agent.Report {
 	return rep
 }
 
-func planStep(t *testing.T, e *agent.Engine, addr string) *agent.Step {
+func planStep(t testing.TB, e *agent.Engine, addr string) *agent.Step {
 	t.Helper()
 	for _, st := range e.Plan(t.Context()).Steps {
 		if st.Addr == addr {
@@ -106,7 +106,7 @@ type hubTestFile struct {
 	lfs  bool
 }
 
-func newFakeHub(t *testing.T, files []hubTestFile) *fakeHub {
+func newFakeHub(t testing.TB, files []hubTestFile) *fakeHub {
 	h := &fakeHub{token: "hf_secret_token_123", repo: "org/model", commit: strings.Repeat("ab", 20), pageSize: 3, files: files}
 	h.cdn = fetchtest.NewServer()
 	t.Cleanup(h.cdn.Close)

@@ -228,17 +228,10 @@ func (d *Driver) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	return d.decide(ctx, env, o, rec)
 }
 
-var actionRank = map[agent.Action]int{agent.NoOp: 0, agent.Update: 1, agent.Create: 2, agent.Restart: 3, agent.Replace: 4}
-
 // decide turns an observation and the record into a diff. It changes nothing.
 func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec driverRecord) (*agent.Diff, error) {
 	det := &driverPlan{obs: o}
-	diff := &agent.Diff{Action: agent.NoOp, Detail: det}
-	raise := func(a agent.Action) {
-		if actionRank[a] > actionRank[diff.Action] {
-			diff.Action = a
-		}
-	}
+	diff := &agent.Diff{Detail: det}
 	user := o.userspace()
 	have := user
 	if have == "" {
@@ -260,8 +253,7 @@ func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec d
 					c.Text = fc.Text
 				}
 			}
-			diff.Add(c)
-			raise(agent.Update)
+			diff.Add(c.Because(agent.InPlace, agent.ReasonDiffers))
 		} else {
 			diff.Warnings = append(diff.Warnings, "nouveau is loaded and not blacklisted (blacklist_nouveau = false): the nvidia module cannot drive the GPUs while it is")
 		}
@@ -292,13 +284,11 @@ func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec d
 			method = "package " + d.pkg
 		}
 		if have == "" {
-			diff.Add(agent.Added("version", d.version))
-			raise(agent.Create)
+			diff.Add(agent.Added("version", d.version).Because(agent.Creates, agent.ReasonMissing))
 		} else {
 			c := agent.Set("version", have, d.version)
 			c.Note = "driver change through the " + method + "; GPU processes are stopped first"
-			diff.Add(c)
-			raise(agent.Replace)
+			diff.Add(c.Because(agent.Replaces, agent.ReasonDiffers))
 		}
 		if ps := gpuProcesses(o.Info); det.replacing && len(ps) > 0 {
 			w := fmt.Sprintf("%d processes use the GPUs: %s", len(ps), describeProcesses(d.host, ps))
@@ -321,10 +311,9 @@ func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec d
 				continue
 			}
 			det.reboot = true
-			ch := agent.Set("reboot", c.reason, "rebooted")
+			ch := agent.Set("reboot", agent.Raw(c.reason), agent.Raw("rebooted"))
 			ch.Note = `reboot = "allowed": the host reboots as the last step`
-			diff.Add(ch)
-			raise(agent.Restart)
+			diff.Add(ch.Because(agent.Restarts, agent.ReasonReboot))
 		}
 	}
 
@@ -336,8 +325,7 @@ func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec d
 			det.pm = d.persistence
 			c := agent.Set("persistence_mode", !*d.persistence, *d.persistence)
 			c.Note = "GPU " + joinInts(off) + " (nvidia-smi -pm)"
-			diff.Add(c)
-			raise(agent.Update)
+			diff.Add(c.Because(agent.InPlace, agent.ReasonDiffers))
 		}
 	}
 
@@ -345,7 +333,7 @@ func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec d
 	if o.Loaded == d.version && user == d.version && o.Info.State != gpu.StateOK {
 		diff.Warnings = append(diff.Warnings, gpuStateLine(o.Info))
 	}
-	return diff, nil
+	return diff.Derive(), nil
 }
 
 // rebootVerdict says, for one cause, whether to reboot now or what to warn.

@@ -303,7 +303,7 @@ nvidia_driver "host" {
 	if st.Err != nil || st.Diff.Action != agent.Replace || !st.Diff.Action.Destructive() {
 		t.Fatalf("plan: %v %+v, want a destructive replace", st.Err, st.Diff)
 	}
-	if c := st.Diff.Changes[0]; c.Attr != "version" || c.Old != `"570.172.08"` || c.New != `"580.95.05"` {
+	if c := st.Diff.Changes[0]; c.Attr != "version" || c.Old != "570.172.08" || c.New != "580.95.05" || c.EffectOf() != agent.Replaces {
 		t.Errorf("change %+v", c)
 	}
 
@@ -614,7 +614,7 @@ nvidia_driver "host" {
 }
 `)
 	st := oneStep(t, e.Plan(context.Background()))
-	if c := st.Diff.Changes; st.Diff.Action != agent.Update || len(c) != 1 || c[0].Attr != "persistence_mode" || c[0].Old != "false" || c[0].New != "true" || c[0].Note != "GPU 1 (nvidia-smi -pm)" {
+	if c := st.Diff.Changes; st.Diff.Action != agent.Update || len(c) != 1 || c[0].Attr != "persistence_mode" || c[0].Old != false || c[0].New != true || c[0].EffectOf() != agent.InPlace || c[0].Note != "GPU 1 (nvidia-smi -pm)" {
 		t.Fatalf("plan %+v", st.Diff)
 	}
 	st = oneStep(t, e.Apply(context.Background(), nil))

@@ -41,6 +41,7 @@ type File struct {
 	addr      string
 	path      string
 	absent    bool
+	destroy   bool // absent because of agent destroy, not the plan
 	content   []byte
 	source    string // when content comes from a file, read at Check time
 	mode      *fs.FileMode
@@ -49,7 +50,20 @@ type File struct {
 	sensitive bool
 }
 
-var _ agent.Resource = (*File)(nil)
+var (
+	_ agent.Resource = (*File)(nil)
+	_ agent.Ensurer  = (*File)(nil)
+)
+
+// Absent reports whether the plan says ensure = "absent".
+func (f *File) Absent() bool { return f.absent && !f.destroy }
+
+// AsAbsent is the file as agent destroy removes it.
+func (f *File) AsAbsent() agent.Resource {
+	c := *f
+	c.absent, c.destroy, c.content, c.source = true, true, nil, ""
+	return &c
+}
 
 // FileKind is the `file` resource kind.
 func FileKind() agent.Kind {
@@ -144,9 +158,13 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 		if !exists {
 			return agent.NoChange(), nil
 		}
-		d := &agent.Diff{Action: agent.Delete, Detail: &fileDetail{remove: true}}
-		d.Add(agent.Removed("path", f.path))
-		return d, nil
+		why := agent.ReasonEnsureAbsent
+		if f.destroy {
+			why = agent.ReasonDestroy
+		}
+		d := &agent.Diff{Detail: &fileDetail{remove: true}}
+		d.Add(agent.Removed("path", f.path).Because(agent.Deletes, why))
+		return d.Derive(), nil
 	}
 
 	want := f.content
@@ -161,9 +179,8 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 		return nil, err
 	}
 	det := &fileDetail{content: want, uid: -1, gid: -1}
-	d := &agent.Diff{Action: agent.Update, Detail: det}
+	d := &agent.Diff{Detail: det}
 	if !exists {
-		d.Action = agent.Create
 		det.write = true
 		mode := fs.FileMode(0o644)
 		if f.mode != nil {
@@ -179,12 +196,14 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 		if f.group != "" {
 			d.Add(agent.Added("group", f.group))
 		}
-		c := agent.Added("content", fmt.Sprintf("%d bytes", len(want)))
-		c.New = fmt.Sprintf("(%d bytes)", len(want))
+		c := agent.Added("content", agent.Raw(fmt.Sprintf("(%d bytes)", len(want))))
 		c.Sensitive = f.sensitive
 		c.Text = textdiff.Unified(f.path, nil, want)
 		d.Add(c)
-		return d, nil
+		for i := range d.Changes {
+			d.Changes[i] = d.Changes[i].Because(agent.Creates, agent.ReasonMissing)
+		}
+		return d.Derive(), nil
 	}
 
 	have, err := os.ReadFile(f.path)
@@ -194,7 +213,7 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	if !bytes.Equal(have, want) {
 		det.write = true
 		c := agent.Change{Attr: "content", HasOld: true, HasNew: true,
-			Old: fmt.Sprintf("(%d bytes)", len(have)), New: fmt.Sprintf("(%d bytes)", len(want)), Sensitive: f.sensitive}
+			Old: agent.Raw(fmt.Sprintf("(%d bytes)", len(have))), New: agent.Raw(fmt.Sprintf("(%d bytes)", len(want))), Sensitive: f.sensitive}
 		c.Text = textdiff.Unified(f.path, have, want)
 		d.Add(c)
 	}
@@ -226,7 +245,7 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	if len(d.Changes) == 0 {
 		return agent.NoChange(), nil
 	}
-	return d, nil
+	return d.Derive(), nil
 }
 
 // Apply writes, re-permissions, re-owns or removes the file as Check decided.

@@ -28,6 +28,7 @@ import (
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/sglang"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -49,6 +50,7 @@ type ServerConfig struct {
 	KeepLogs       *int               `hcl:"keep_logs,optional"`
 	UnhealthyGrace *string            `hcl:"unhealthy_grace,optional"`
 	Preflight      *string            `hcl:"preflight,optional"`
+	Ensure         *string            `hcl:"ensure,optional"` // "present" (default) or "absent": server_delete.go
 }
 
 // ServerReadyConfig is the `ready` block of a server.
@@ -115,6 +117,7 @@ type Server struct {
 	preflightMode  string // "warn", "enforce" or "off": does the model fit the GPUs? (preflight.go)
 	envSensitive   bool
 	flagsSensitive bool
+	deletion       // ensure = "absent", agent destroy, an orphan: server_delete.go
 }
 
 var (
@@ -132,9 +135,12 @@ type serverFlag struct {
 
 // ServerKind is the `server` resource kind, acting on h.
 func ServerKind(h Host) agent.Kind {
-	return agent.NewKind("server", func(r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
+	k := agent.NewKind("server", func(r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
 		return bindServer(h, r, c)
 	})
+	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) { return orphanServer(h, addr, st) }
+	k.Guarded = true
+	return k
 }
 
 var signals = map[string]syscall.Signal{
@@ -219,6 +225,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		}
 	}
 	s.grace = duration(c.UnhealthyGrace, DefaultUnhealthyGrace, "unhealthy_grace")
+	s.bindEnsure(r, c.Ensure, bad)
 	switch p := deref(c.Preflight); p {
 	case "", "warn":
 		s.preflightMode = "warn"
@@ -410,8 +417,8 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 	c := cached.(*incus.Client)
 	r := &lifecycle.Incus{Client: c, Instance: name, Proc: h.Proc}
 	lc := &lifecycle.Lifecycle{Runner: r, GPU: h.GPU}
-	if place != s.place {
-		return lc, nil
+	if place != s.place || s.absent {
+		return lc, nil // observed and stopped only
 	}
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -489,6 +496,12 @@ type serverRecord struct {
 	User    string            `json:"user,omitempty"`
 	Port    int               `json:"port,omitempty"`
 
+	// StoppedAt is when the agent stopped it for good (ensure = "absent", agent destroy):
+	// the record then only keeps its history (generation, log) for status and for the
+	// generation of a later launch.
+	StoppedAt time.Time `json:"stopped_at,omitzero"`
+	StoppedBy string    `json:"stopped_by,omitempty"`
+
 	// How it is stopped, for stops that do not go through the plan (before a driver
 	// change): the stop block at launch.
 	StopSignal  int           `json:"stop_signal,omitempty"`
@@ -535,20 +548,20 @@ func secretDigest(v string) string {
 func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 	want := s.record()
 	var out []agent.Change
-	add := func(c agent.Change) { c.Note = "restart"; out = append(out, c) }
+	add := func(c agent.Change) { out = append(out, c.Because(agent.Restarts, agent.ReasonIdentity)) }
 	if rec.Place != want.Place {
 		add(agent.Set("place", rec.Place, want.Place))
 	}
 	if !slices.Equal(rec.Command, want.Command) {
-		add(agent.Set("command", listText(rec.Command), listText(want.Command)))
+		add(agent.Set("command", rec.Command, want.Command))
 	}
-	for _, c := range keyChanges("flags", rec.Flags, want.Flags, func(v string) string { return v }, s.flagsSensitive) {
+	for _, c := range keyChanges("flags", rec.Flags, want.Flags, flagValue, s.flagsSensitive) {
 		add(c)
 	}
 	if !slices.Equal(rec.Args, want.Args) {
-		add(agent.Set("args", listText(rec.Args), listText(want.Args)))
+		add(agent.Set("args", rec.Args, want.Args))
 	}
-	for _, c := range keyChanges("env", rec.Env, want.Env, func(v string) string { return agent.Render(v) }, s.envSensitive) {
+	for _, c := range keyChanges("env", rec.Env, want.Env, func(v string) any { return v }, s.envSensitive) {
 		add(c)
 	}
 	if rec.Workdir != want.Workdir {
@@ -558,15 +571,15 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 		add(agent.Set("user", rec.User, want.User))
 	}
 	if len(out) == 0 && !slices.Equal(rec.Argv, want.Argv) {
-		add(agent.Set("argv", listText(rec.Argv), listText(want.Argv)))
+		add(agent.Set("argv", rec.Argv, want.Argv))
 	}
 	return out
 }
 
 // keyChanges is the per-key difference of two maps, in key order, as changes of
-// name["key"] whose values are written by text (flags are recorded as they appear on
-// the command line; env values are quoted).
-func keyChanges(name string, old, new map[string]string, text func(string) string, sensitive bool) []agent.Change {
+// name["key"] whose values are typed by value (flags are recorded as a diff shows them and
+// read back as strings, numbers and booleans; env values are strings).
+func keyChanges(name string, old, new map[string]string, text func(string) any, sensitive bool) []agent.Change {
 	var out []agent.Change
 	for _, k := range unionKeys(old, new) {
 		o, hadOld := old[k]
@@ -613,14 +626,24 @@ type serverDetail struct {
 	stop bool
 	// takeover is a foreign process holding the port, stopped because takeover = true.
 	takeover *proc.Target
+	// lastGen is the generation of a record stopped for good (server_delete.go): a new
+	// launch continues its numbering.
+	lastGen int
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
 func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if s.absent {
+		return s.checkAbsent(env)
+	}
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
 	if err != nil {
 		return nil, err
+	}
+	stopped := has && !rec.StoppedAt.IsZero()
+	if stopped {
+		has = false // stopped for good: a launch is a new start, numbered after it
 	}
 	if has && rec.Pending != nil {
 		if has, err = s.recoverPending(env, &rec); err != nil {
@@ -654,6 +677,12 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 		return d, nil
 	}
 	d, err := s.check(ctx, env, lc, has, alive, &rec, missing)
+	if d != nil {
+		d.Derive()
+		if det, ok := d.Detail.(*serverDetail); ok && stopped {
+			det.lastGen = rec.Generation
+		}
+	}
 	if d != nil && noEndpoint != nil {
 		d.Warnings = append(d.Warnings, noEndpoint.Error())
 	}
@@ -676,19 +705,18 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 	rec := *rec0
 	if alive {
 		if changes := s.identityChanges(&rec); len(changes) > 0 {
-			return &agent.Diff{Action: agent.Restart, Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
+			return &agent.Diff{Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
 		}
 		return s.checkReady(ctx, env, lc, &rec)
 	}
 
 	det := &serverDetail{stop: has}
-	d := &agent.Diff{Action: agent.Create, Detail: det}
+	d := &agent.Diff{Detail: det}
 	if has {
 		det.prev = &rec
-		d.Action = agent.Restart
-		c := agent.Set("process", fmt.Sprintf("pid %d (generation %d) is gone", rec.PID, rec.Generation), "a new generation")
+		c := agent.Set("process", agent.Raw(fmt.Sprintf("pid %d (generation %d) is gone", rec.PID, rec.Generation)), agent.Raw("a new generation"))
 		c.Note = "relaunch"
-		d.Add(c)
+		d.Add(c.Because(agent.Restarts, agent.ReasonGone))
 		if p := hostPath(lc, &rec); p != "" {
 			if f, ok := lifecycle.Failure(p); ok {
 				d.Warnings = append(d.Warnings, fmt.Sprintf("generation %d's log shows %s", rec.Generation, f))
@@ -696,14 +724,14 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		}
 		d.Changes = append(d.Changes, s.identityChanges(&rec)...)
 	} else {
-		d.Add(agent.Added("argv", listText(s.argv())))
+		d.Add(agent.Added("argv", s.argv()).Because(agent.Creates, agent.ReasonMissing))
 		if len(s.env) > 0 {
-			c := agent.Added("env", fmt.Sprintf("%d variables", len(s.env)))
+			c := agent.Added("env", agent.Raw(fmt.Sprintf("%d variables", len(s.env))))
 			c.Sensitive = s.envSensitive
-			d.Add(c)
+			d.Add(c.Because(agent.Creates, agent.ReasonMissing))
 		}
 		if s.port > 0 {
-			d.Add(agent.Added("port", s.port))
+			d.Add(agent.Added("port", s.port).Because(agent.Creates, agent.ReasonMissing))
 		}
 	}
 	if missing != nil {
@@ -719,6 +747,11 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		return d, err
 	}
 	if s.matches(procs, owner) {
+		if peer := recordedElsewhere(env, owner); peer != "" {
+			d.Warnings = append(d.Warnings, fmt.Sprintf("port %d is held by pid %d, which runs this server's command line but is recorded as %s's: not adopted (two records never name one process); write moved { from = %s  to = %s } to rename it without a restart",
+				s.port, owner.PID, peer, peer, s.addr))
+			return d, nil
+		}
 		adopt := s.record()
 		adopt.Generation = 0
 		if det.prev != nil {
@@ -755,12 +788,13 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 	}
 	t := foreignTarget(*owner)
 	det.takeover = &t
-	c := agent.Removed("takeover", desc)
+	c := agent.Removed("takeover", agent.Raw(desc))
 	c.Note = "takeover = true: stopped, verified"
-	d.Add(c)
-	if d.Action == agent.Create {
-		d.Action = agent.Replace
+	effect := agent.Replaces // a foreign process gives way to the plan's
+	if det.prev != nil {
+		effect = agent.Restarts // the relaunch stops it on the way
 	}
+	d.Add(c.Because(effect, agent.ReasonForeign))
 	return d, nil
 }
 
@@ -797,9 +831,9 @@ func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.L
 			rec.PID, why, rec.UnreadySince.Format(time.TimeOnly), limit.Format(time.TimeOnly), s.grace))
 		return d, nil
 	}
-	c := agent.Set("readiness", fmt.Sprintf("not ready since %s: %s", rec.UnreadySince.Format(time.RFC3339), why), "a new generation")
+	c := agent.Set("readiness", agent.Raw(fmt.Sprintf("not ready since %s: %s", rec.UnreadySince.Format(time.RFC3339), why)), agent.Raw("a new generation"))
 	c.Note = "restart: unhealthy for longer than unhealthy_grace " + s.grace.String()
-	return &agent.Diff{Action: agent.Restart, Changes: []agent.Change{c}, Detail: &serverDetail{prev: rec, stop: true}}, nil
+	return &agent.Diff{Changes: []agent.Change{c.Because(agent.Restarts, agent.ReasonUnhealthy)}, Detail: &serverDetail{prev: rec, stop: true}}, nil
 }
 
 // notReady probes readiness once; "" means ready. ready.http is the live probe; the
@@ -979,11 +1013,14 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	if !ok {
 		return fmt.Errorf("internal error: diff detail is %T", d.Detail)
 	}
+	if s.absent {
+		return s.applyAbsent(ctx, env, det)
+	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil {
 		return err // before anything is stopped
 	}
-	prevGen := 0
+	prevGen := det.lastGen
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
@@ -1117,6 +1154,9 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	has, err := env.State.Load(&rec)
 	if err != nil {
 		return nil, err
+	}
+	if s.absent || (has && !rec.StoppedAt.IsZero()) {
+		return s.absentStatus(env, has, &rec)
 	}
 	if !has {
 		return &agent.Status{Healthy: false, Summary: "not launched by this agent yet"}, nil

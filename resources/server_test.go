@@ -2,6 +2,7 @@ package resources
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -222,7 +223,7 @@ func TestServerLaunchNoOpAndFlagRelaunch(t *testing.T) {
 	if step.Err != nil || step.Diff.Action != agent.Restart || len(step.Diff.Changes) != 1 {
 		t.Fatalf("plan: %v %+v", step.Err, step.Diff)
 	}
-	if c := step.Diff.Changes[0]; c.Attr != `flags["mem-fraction-static"]` || c.Old != "0.8" || c.New != "0.85" || c.Note != "restart" {
+	if c := step.Diff.Changes[0]; c.Attr != `flags["mem-fraction-static"]` || c.Old != json.Number("0.8") || c.New != json.Number("0.85") || c.EffectOf() != agent.Restarts || c.Why() != agent.ReasonIdentity {
 		t.Errorf("change = %+v", c)
 	}
 	mustOK(t, h.apply("mem=0.85"))
@@ -483,23 +484,30 @@ func TestServerUnhealthyPastGraceIsRelaunched(t *testing.T) {
 	}
 }
 
-// Flags are shown as they go on the command line, env values quoted; unchanged keys
-// are not changes; sensitive maps mark every change.
+// Changes carry typed values: env values as strings, flags read back from their recorded
+// display as strings, numbers and booleans; unchanged keys are not changes; sensitive
+// maps mark every change.
 func TestKeyChanges(t *testing.T) {
 	t.Parallel()
-	quote := func(v string) string { return agent.Render(v) }
-	got := keyChanges("env", map[string]string{"A": "1", "B": "x", "C": "same"}, map[string]string{"B": "y", "C": "same", "D": "new"}, quote, true)
+	str := func(v string) any { return v }
+	got := keyChanges("env", map[string]string{"A": "1", "B": "x", "C": "same"}, map[string]string{"B": "y", "C": "same", "D": "new"}, str, true)
 	want := []agent.Change{
-		{Attr: `env["A"]`, Old: `"1"`, HasOld: true, Sensitive: true},
-		{Attr: `env["B"]`, Old: `"x"`, New: `"y"`, HasOld: true, HasNew: true, Sensitive: true},
-		{Attr: `env["D"]`, New: `"new"`, HasNew: true, Sensitive: true},
+		{Attr: `env["A"]`, Old: "1", HasOld: true, Sensitive: true},
+		{Attr: `env["B"]`, Old: "x", New: "y", HasOld: true, HasNew: true, Sensitive: true},
+		{Attr: `env["D"]`, New: "new", HasNew: true, Sensitive: true},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("env changes (-want +got):\n%s", diff)
 	}
-	got = keyChanges("flags", map[string]string{"mem-fraction-static": "0.8"}, map[string]string{"mem-fraction-static": "0.85"}, func(v string) string { return v }, false)
-	if len(got) != 1 || got[0].Old != "0.8" || got[0].New != "0.85" || got[0].Sensitive {
-		t.Errorf("flag changes %+v", got)
+	got = keyChanges("flags", map[string]string{"mem-fraction-static": "0.8", "algo": `"A"`, "on": "true"},
+		map[string]string{"mem-fraction-static": "0.85", "algo": `"B"`}, flagValue, false)
+	want = []agent.Change{
+		{Attr: `flags["algo"]`, Old: "A", New: "B", HasOld: true, HasNew: true},
+		{Attr: `flags["mem-fraction-static"]`, Old: json.Number("0.8"), New: json.Number("0.85"), HasOld: true, HasNew: true},
+		{Attr: `flags["on"]`, Old: true, HasOld: true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("flag changes (-want +got):\n%s", diff)
 	}
 }
 

@@ -1,14 +1,17 @@
 // Package containers_test applies the example container plan against a private Incus
-// daemon with the agent's command line, then plans again and expects no changes.
+// daemon with the agent's command line, then plans again and expects no changes, then
+// destroys it (instance deleted, verified; the disk's host directory kept).
 package containers_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/agent-dev/agent/internal/cli"
+	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 )
 
@@ -40,5 +43,22 @@ func TestExamplePlanAppliesThenNoOp(t *testing.T) {
 	t.Logf("agent status:\n%s", out)
 	if !strings.Contains(out, "/models") {
 		t.Errorf("status does not show the disk:\n%s", out)
+	}
+
+	// agent destroy: the instance is stopped and deleted, verified; the disk's host
+	// directory is kept; a second destroy has nothing to do.
+	out = run(0, "destroy")
+	t.Logf("agent destroy:\n%s", out)
+	if !strings.Contains(out, "✓ container.sglang: deleted and verified") {
+		t.Errorf("destroy output:\n%s", out)
+	}
+	if _, _, err := d.Client.GetInstance(context.Background(), name); !incus.IsNotFound(err) {
+		t.Errorf("instance %s after destroy: %v", name, err)
+	}
+	if _, err := os.Stat(models + "/config.json"); err != nil {
+		t.Errorf("the disk's host directory after destroy: %v", err)
+	}
+	if out = run(0, "destroy"); !strings.Contains(out, "No changes") {
+		t.Errorf("second destroy:\n%s", out)
 	}
 }

@@ -4,6 +4,7 @@
 package quickstart_test
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestQuickstart(t *testing.T) {
@@ -36,6 +38,10 @@ func TestQuickstart(t *testing.T) {
 		"server.qwen: running, ready, generation 2",
 		"accept rate                 0.97",
 		"smoke test                  passed",
+		"- server.qwen (delete)",
+		"✓ server.qwen: deleted and verified",
+		"✓ file.weights: deleted and verified",
+		"Destroy complete: 3 changed, all verified",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -48,5 +54,24 @@ func TestQuickstart(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "logs", "qwen.1.log")); err != nil {
 		t.Errorf("generation 1's log: %v", err)
+	}
+	// agent destroy left nothing running: the record says who stopped generation 2 and
+	// when, and its PID is gone (a zombie, with no reaper here, counts as gone).
+	var rec struct {
+		PID       int       `json:"pid"`
+		StoppedAt time.Time `json:"stopped_at"`
+		StoppedBy string    `json:"stopped_by"`
+	}
+	data, err := os.ReadFile(filepath.Join(root, "state", "resources", "server.qwen.json"))
+	if err != nil || json.Unmarshal(data, &rec) != nil || rec.StoppedAt.IsZero() || !strings.HasPrefix(rec.StoppedBy, "agent") {
+		t.Fatalf("server record after destroy: %s %v", data, err)
+	}
+	if stat, err := os.ReadFile("/proc/" + strconv.Itoa(rec.PID) + "/stat"); err == nil {
+		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] != "Z" {
+			t.Errorf("pid %d still runs after agent destroy: %s", rec.PID, stat)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "models", "Qwen3.6-27B", "config.json")); err == nil {
+		t.Error("agent destroy left the plan's files")
 	}
 }

@@ -1,12 +1,16 @@
 #!/bin/sh
 # run.sh: the quickstart. Builds the agent and the fake SGLang, then shows the main job:
-# plan → apply → a no-op plan → a changed flag → a verified relaunch → status, and stops
-# the server at the end (unless KEEP=1). Needs Go, nothing else: no GPU, Incus or network.
+# plan → apply → a no-op plan → a changed flag → a verified relaunch → status, and ends
+# with agent destroy (unless KEEP=1): a verified stop, never a kill by hand. Needs Go,
+# nothing else: no GPU, Incus or network.
 set -eu
 cd "$(dirname "$0")/../.."
 root=${QUICKSTART_ROOT:-/tmp/agent-quickstart}
 state="$root/state"
 mkdir -p "$root" bin
+# go-nvml's header marks some functions deprecated; without this the first build prints
+# a hundred lines of C warnings that mean nothing to a newcomer.
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go build -o bin/agent .
 go build -o bin/fake-sglang ./internal/fakesglang
 fake="$(pwd)/bin/fake-sglang"
@@ -27,8 +31,8 @@ step "status examples/quickstart -var mem_fraction=0.8"
 agent status examples/quickstart -var mem_fraction=0.8
 
 if [ "${KEEP:-0}" != 1 ]; then
-	# Leave nothing running: stop the server the agent's way (ensure the plan without it).
-	pid=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$state/resources/server.qwen.json" | head -n1)
-	[ -n "$pid" ] && kill -15 "-$pid" 2>/dev/null || true
-	printf '\nStopped the quickstart server (KEEP=1 keeps it running). Logs: %s/logs\n' "$root"
+	# Leave nothing running, the agent's way: a verified stop, dependents first.
+	step "destroy examples/quickstart -var mem_fraction=0.8   # verified stop; the files go too"
+	agent destroy examples/quickstart -var mem_fraction=0.8
+	printf '\n(KEEP=1 keeps the server running.) Logs are kept: %s/logs\n' "$root"
 fi

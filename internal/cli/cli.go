@@ -44,6 +44,7 @@ Usage:
   agent plan PLAN         show what apply would change (exit 0 none, 2 changes, 1 error)
   agent apply PLAN        apply the plan in dependency order, verifying every step
   agent status PLAN       live state of every resource (exit 0 healthy, 3 degraded)
+  agent destroy PLAN      stop and remove everything the plan manages, dependents first, verified
   agent run PLAN          the reconcile loop, as a systemd service (docs/service.md)
   agent fmt [-check] PLAN rewrite plan files in canonical form
   agent export            observe this host and print a plan that reproduces it (docs/export.md)
@@ -58,6 +59,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --lock-timeout DUR   wait this long for another agent's lock (default 0: fail at once)
   --host-override NAME run a plan guarded for host NAME on this host (migrations)
   --no-destructive     refuse restarts, replacements and deletions (apply)
+  --allow-delete-all   let an apply delete every server the agent manages when the plan keeps none
   --log-level LEVEL    debug, info, warn (default), error; logs go to stderr
 
 Docs: docs/plan-language.md, docs/architecture.md.
@@ -73,7 +75,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	switch cmd {
-	case "validate", "plan", "apply", "status":
+	case "validate", "plan", "apply", "status", "destroy":
 		return run(ctx, cmd, rest, stdout, stderr)
 	case "run":
 		return runDaemon(ctx, rest, stderr)
@@ -109,6 +111,7 @@ type options struct {
 	hostOverride  string
 	noDestructive bool
 	logLevel      string
+	allowDelAll   bool
 }
 
 // parseInterleaved parses flags that may come before or after positional arguments, as
@@ -144,6 +147,7 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "wait for the state lock")
 	fs.StringVar(&o.hostOverride, "host-override", "", "run a plan guarded for this host name here")
 	fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
+	fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	return fs
@@ -223,6 +227,10 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		Log:           log,
 		HostOverride:  o.hostOverride,
 		NoDestructive: o.noDestructive,
+		// What left the plan leaves the host: plan shows it, apply deletes it (agent run
+		// only with agent { prune = true }).
+		Orphans:        agent.OrphansDelete,
+		AllowDeleteAll: o.allowDelAll,
 	})
 	if err != nil {
 		return fail(err)
@@ -266,6 +274,8 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 			return ExitError
 		}
 		return ExitOK
+	case "destroy":
+		return destroy(ctx, eng, p, red, view, o.json, stdout)
 	case "status":
 		if code, ok := statusFromDaemon(p, store.Dir(), o.json, stdout, red); ok {
 			return code

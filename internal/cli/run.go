@@ -48,7 +48,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) int {
 		Interval:    *interval,
 		Listen:      *listen,
 		LockTimeout: o.lockTimeout,
-		Engine:      agent.Options{Parallelism: o.parallelism, HostOverride: o.hostOverride, NoDestructive: o.noDestructive, Targets: o.targets},
+		Engine:      agent.Options{Parallelism: o.parallelism, HostOverride: o.hostOverride, NoDestructive: o.noDestructive, Targets: o.targets, Orphans: agent.OrphansByPlan},
 		Log:         log,
 	})
 	if err != nil {

@@ -221,6 +221,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Release()
+	if err := d.eng.Prepare(ctx); err != nil {
+		d.notify.Stopping()
+		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
+	}
 	changed, closeWatch := d.watch(ctx)
 	defer closeWatch()
 	go d.watchdog(ctx)
@@ -380,6 +384,14 @@ func (d *Daemon) reload() error {
 		return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
 	}
 	d.mu.Lock()
+	running := d.running
+	d.mu.Unlock()
+	if running { // the lock is held: the plan's moved blocks are carried out now
+		if err := eng.Prepare(context.Background()); err != nil {
+			return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
+		}
+	}
+	d.mu.Lock()
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++
 	d.reloaded = time.Now()
@@ -393,7 +405,6 @@ func (d *Daemon) reload() error {
 		}
 		rs.failures, rs.until, rs.terminal, rs.holdSeen = 0, time.Time{}, false, ""
 	}
-	running := d.running
 	d.mu.Unlock()
 	d.metrics.planValid.Set(1)
 	if running {

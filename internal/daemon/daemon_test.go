@@ -52,6 +52,18 @@ type timedMark struct {
 func (m timedMark) Timeout() time.Duration { return m.t }
 
 func bindMark(h *harness) agent.Kind {
+	k := markKind(h)
+	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) {
+		var rec map[string]string
+		if has, err := st.Load(&rec); err != nil || !has {
+			return nil, err
+		}
+		return markOrphan{rec["path"]}, nil
+	}
+	return k
+}
+
+func markKind(h *harness) agent.Kind {
 	return agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
 		m := &mark{cfg: c, applies: h.applies, checks: h.checks, hang: h.hang}
 		if c.Timeout != "" {
@@ -98,7 +110,27 @@ func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
 	if m.cfg.Terminal != nil && *m.cfg.Terminal {
 		return agent.Terminal(errors.New("the plan asks for the impossible"))
 	}
-	return os.WriteFile(m.cfg.Path, []byte(m.cfg.Value), 0o644)
+	if err := os.WriteFile(m.cfg.Path, []byte(m.cfg.Value), 0o644); err != nil {
+		return err
+	}
+	return env.State.Save(map[string]string{"path": m.cfg.Path}) // what an orphan deletes
+}
+
+// markOrphan deletes the file an orphaned mark's record names.
+type markOrphan struct{ path string }
+
+func (o markOrphan) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if _, err := os.Stat(o.path); err != nil {
+		return agent.NoChange(), nil
+	}
+	return &agent.Diff{Action: agent.Delete}, nil
+}
+
+func (o markOrphan) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+	if err := os.Remove(o.path); err != nil {
+		return err
+	}
+	return env.State.Delete()
 }
 
 func (m *mark) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
@@ -725,4 +757,40 @@ mark "c" {
 		return string(bb) == "y2" && string(cc) == "z"
 	})
 	h.waitNote(t, "STATUS=3 resources: 3 converged, 0 failing")
+}
+
+// A block gone from the plan is an orphan: the loop reports it (drift, an unhealthy
+// status) and deletes it only with agent { prune = true }.
+func TestOrphansArePrunedOnlyWhenThePlanSays(t *testing.T) {
+	t.Parallel()
+	const both = `
+variable "root" {}
+agent {
+  prune = PRUNE
+}
+mark "a" {
+  path  = "${var.root}/a"
+  value = "x"
+}
+mark "b" {
+  path  = "${var.root}/b"
+  value = "y"
+}
+`
+	h := start(t, strings.Replace(both, "PRUNE", "false", 1), 50*time.Millisecond)
+	b := filepath.Join(h.dir, "b")
+	waitFor(t, "b in place", func() bool { bb, _ := os.ReadFile(b); return string(bb) == "y" })
+	h.waitNote(t, "2 converged")
+	onlyA := strings.Replace(strings.Replace(both, "PRUNE", "false", 1), "mark \"b\" {\n  path  = \"${var.root}/b\"\n  value = \"y\"\n}\n", "", 1)
+	h.write(t, onlyA)
+	waitFor(t, "the orphan reported", func() bool {
+		_, status := h.get(t, "/status")
+		return strings.Contains(status, "orphan: no longer in the plan") && h.metric(t, `agent_resource_drift{resource="mark.b"}`) == 1
+	})
+	time.Sleep(300 * time.Millisecond) // resyncs: it must stay
+	if _, err := os.Stat(b); err != nil {
+		t.Fatalf("prune = false deleted the orphan's file: %v", err)
+	}
+	h.write(t, strings.Replace(onlyA, "prune = false", "prune = true", 1))
+	waitFor(t, "the orphan pruned", func() bool { _, err := os.Stat(b); return errors.Is(err, os.ErrNotExist) })
 }

@@ -235,8 +235,9 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	if drift && rs.downSince.IsZero() {
 		rs.downSince = start
 	}
-	// Drift is what stands after the reconcile: a verified repair leaves none.
-	d.metrics.drift.WithLabelValues(addr).Set(map[bool]float64{false: 0, true: 1}[drift && st.Err != nil])
+	// Drift is what stands after the reconcile: a verified repair leaves none, an orphan
+	// the loop does not prune (a warning) or a failure leaves it.
+	d.metrics.drift.WithLabelValues(addr).Set(map[bool]float64{false: 0, true: 1}[drift && (st.Err != nil || !st.Applied)])
 	rs.step, rs.done, rs.gen = st, now, gen
 	next := d.resync()
 	stable := orDefault(d.cfg.Stable, DefaultStable)
@@ -272,6 +273,9 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 			rs.until = time.Time{}
 		}
 		rs.converged, rs.terminal, rs.holdSeen, rs.downSince = true, false, "", time.Time{}
+		if st.Applied || !was {
+			eng.Record(st) // its dependencies, for ordering it as an orphan one day
+		}
 		if !was || st.Applied {
 			for _, dep := range eng.Dependents(addr) {
 				d.queue.Add(dep)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/cmdline"
+	"github.com/agent-dev/agent/internal/serverlog"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -22,9 +23,9 @@ const FileName = "export.hcl"
 
 // Server readiness by engine: the endpoint and the log line that say the server is up.
 var readiness = map[string][2]string{
-	EngineSGLang:   {"/health", "The server is fired up and ready to roll!"},
-	EngineVLLM:     {"/health", "Application startup complete."},
-	EngineLlamaCPP: {"/health", "server is listening on"},
+	EngineSGLang:   {"/health", serverlog.ReadyLine(serverlog.SGLang)},
+	EngineVLLM:     {"/health", serverlog.ReadyLine(serverlog.VLLM)},
+	EngineLlamaCPP: {"/health", serverlog.ReadyLine(serverlog.LlamaCPP)},
 }
 
 // segment is one top-level block of the output, with the comment above it.

@@ -61,6 +61,10 @@ type Server struct {
 }
 
 // recognise says whether argv launches a model server, and where its flags start.
+//
+// A console script (`sglang serve`, `vllm serve`) started through its shebang shows in
+// /proc as the interpreter followed by the script's path ("/usr/bin/python3
+// /usr/local/bin/sglang serve …"), so the script is recognised behind a python too.
 func recognise(argv []string) (engine string, flagsAt int) {
 	if len(argv) == 0 {
 		return "", 0
@@ -83,6 +87,7 @@ func recognise(argv []string) (engine string, flagsAt int) {
 		}
 		return from
 	}
+	serve := len(argv) > 1 && argv[1] == "serve"
 	switch {
 	case strings.HasPrefix(base, "python"):
 		switch m, at := module(); m {
@@ -91,14 +96,36 @@ func recognise(argv []string) (engine string, flagsAt int) {
 		case "vllm.entrypoints.openai.api_server":
 			return EngineVLLM, at
 		}
-	case base == "sglang", base == "fake-sglang":
+		if len(argv) > 1 && strings.HasPrefix(argv[1], "/") {
+			if e, at := recognise(argv[1:]); e != "" {
+				return e, at + 1
+			}
+		}
+	case base == "sglang" && serve, base == "fake-sglang" && serve:
+		// `sglang serve [MODEL] --flags`: SGLang's recommended entry point.
+		return EngineSGLang, leading(2)
+	case base == "fake-sglang":
 		return EngineSGLang, leading(1)
-	case base == "vllm" && len(argv) > 1 && argv[1] == "serve":
+	case base == "vllm" && serve:
 		return EngineVLLM, leading(2)
 	case base == "llama-server":
 		return EngineLlamaCPP, 1
 	}
 	return "", 0
+}
+
+// servePositional is the MODEL of `sglang serve MODEL` or `vllm serve MODEL`: the
+// positional argument after "serve" in command, or "".
+func servePositional(command []string) string {
+	for i, w := range command {
+		if w == "serve" && i+1 < len(command) && i > 0 {
+			b := path.Base(command[i-1])
+			if b == "sglang" || b == "vllm" || b == "fake-sglang" {
+				return command[i+1]
+			}
+		}
+	}
+	return ""
 }
 
 // parseFlags reads `--k v`, `--k=v` and bare `--k` (true). It returns the map and
@@ -274,8 +301,8 @@ func observeServers(fs proc.FS, containers []Container, ports []int) ([]Server, 
 				break
 			}
 		}
-		if s.ModelPath == "" && engine == EngineVLLM && len(s.Command) > 2 {
-			s.ModelPath = s.Command[2] // vllm serve MODEL
+		if s.ModelPath == "" {
+			s.ModelPath = servePositional(s.Command) // sglang serve MODEL, vllm serve MODEL
 		}
 		if s.Container != "" && filepath.IsAbs(s.ModelPath) {
 			s.HostModelPath = hostPath(containers, s.Container, s.ModelPath)

@@ -1,84 +1,93 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
-	"sort"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 )
 
-// prog is what argparse prints as the program name for
-// `python3 -m sglang.launch_server`: the basename of the module file.
-const prog = "launch_server.py"
+// The flag table (specs, parserProg) is generated from SGLang's own server_args.py by
+// scripts/gen-sglang-flags.py into flags_gen.go; docs/serving-logs.md says how to
+// refresh it. (No go:generate: the script needs a checkout of SGLang to read.)
 
 type argType int
 
 const (
-	typeStr argType = iota
-	typeInt
-	typeFloat
-	typeBool // store_true
+	typeStr      argType = iota
+	typeInt              // type=int
+	typeFloat            // type=float
+	typeJSON             // type=json.loads or json_list_type
+	typeHumanInt         // type=human_readable_int: 32k, 1Mi, 25.6k
+	typeBool             // store_true and the deprecated flags: no value
+	typeBoolOpt          // argparse.BooleanOptionalAction: --x / --no-x
 )
 
 type argSpec struct {
-	names []string // long names, first is canonical: "--tp-size", "--tensor-parallel-size"
-	typ   argType
-	def   string
+	names    []string // option strings; the first is the canonical one, the rest aliases
+	typ      argType
+	nargs    string   // "", "?", "*", "+" or a count
+	choices  []string // nil: any value
+	required bool
+	def      string
 }
 
-// specs lists the SGLang launch flags the fake knows (a subset of ServerArgs).
-var specs = []argSpec{
-	{names: []string{"--model-path", "--model"}},
-	{names: []string{"--tokenizer-path"}},
-	{names: []string{"--host"}, def: "127.0.0.1"},
-	{names: []string{"--port"}, typ: typeInt, def: "30000"},
-	{names: []string{"--tp-size", "--tensor-parallel-size"}, typ: typeInt, def: "1"},
-	{names: []string{"--dp-size", "--data-parallel-size"}, typ: typeInt, def: "1"},
-	{names: []string{"--pp-size", "--pipeline-parallel-size"}, typ: typeInt, def: "1"},
-	{names: []string{"--mem-fraction-static"}, typ: typeFloat},
-	{names: []string{"--max-running-requests"}, typ: typeInt},
-	{names: []string{"--max-total-tokens"}, typ: typeInt},
-	{names: []string{"--max-prefill-tokens"}, typ: typeInt, def: "16384"},
-	{names: []string{"--chunked-prefill-size"}, typ: typeInt},
-	{names: []string{"--context-length"}, typ: typeInt},
-	{names: []string{"--cuda-graph-max-bs"}, typ: typeInt},
-	{names: []string{"--disable-cuda-graph"}, typ: typeBool},
-	{names: []string{"--disable-radix-cache"}, typ: typeBool},
-	{names: []string{"--enable-torch-compile"}, typ: typeBool},
-	{names: []string{"--speculative-algorithm"}},
-	{names: []string{"--speculative-draft-model-path", "--speculative-draft-model"}},
-	{names: []string{"--speculative-num-steps"}, typ: typeInt},
-	{names: []string{"--speculative-eagle-topk"}, typ: typeInt},
-	{names: []string{"--speculative-num-draft-tokens"}, typ: typeInt},
-	{names: []string{"--mamba-full-memory-ratio"}, typ: typeFloat, def: "0.9"},
-	{names: []string{"--max-mamba-cache-size"}, typ: typeInt},
-	{names: []string{"--mamba-ssm-dtype"}, def: "float32"},
-	{names: []string{"--enable-metrics"}, typ: typeBool},
-	{names: []string{"--served-model-name"}},
-	{names: []string{"--log-level"}, def: "info"},
-	{names: []string{"--log-requests"}, typ: typeBool},
-	{names: []string{"--trust-remote-code"}, typ: typeBool},
-	{names: []string{"--dtype"}, def: "auto"},
-	{names: []string{"--kv-cache-dtype"}, def: "auto"},
-	{names: []string{"--quantization"}},
-	{names: []string{"--attention-backend"}},
-	{names: []string{"--reasoning-parser"}},
-	{names: []string{"--tool-call-parser"}},
-	{names: []string{"--chat-template"}},
-	{names: []string{"--random-seed"}, typ: typeInt},
-	{names: []string{"--api-key"}},
-	{names: []string{"--schedule-policy"}, def: "fcfs"},
-	{names: []string{"--decode-log-interval"}, typ: typeInt, def: "40"},
-	{names: []string{"--watchdog-timeout"}, typ: typeFloat, def: "300"},
-	{names: []string{"--revision"}},
-	{names: []string{"--page-size"}, typ: typeInt, def: "1"},
-	{names: []string{"--skip-server-warmup"}, typ: typeBool},
-	{names: []string{"--enable-p2p-check"}, typ: typeBool},
-	{names: []string{"--allow-auto-truncate"}, typ: typeBool},
-	{names: []string{"--json-model-override-args"}, def: "{}"},
+// entry is how the fake was started, as SGLang is: `python3 -m sglang.launch_server`
+// (the fake's plain form) or `sglang serve` (argv[0] named sglang, or a first argument
+// "serve").
+type entry int
+
+const (
+	entryModule entry = iota
+	entryServe
+)
+
+// prog is what argparse prints as the program name. SGLang builds its parser with
+// ArgumentParser(prog="sglang serve") for both entry points since 2026; before that
+// `python -m sglang.launch_server` printed the module file's name.
+func (e entry) prog() string {
+	switch {
+	case parserProg != "":
+		return parserProg
+	case e == entryServe:
+		return "sglang serve"
+	}
+	return "launch_server.py"
 }
 
-// args holds parsed flags by canonical name without dashes ("tp-size").
+// entryOf tells the entry point from argv (with the program) and returns the
+// arguments the server parser sees: for `sglang serve` the word serve is dropped, a
+// leading MODEL becomes --model-path MODEL and --model-type is taken out, as
+// sglang/cli/serve.py does.
+func entryOf(argv []string) (entry, []string) {
+	rest := argv[1:]
+	switch {
+	case len(rest) > 0 && rest[0] == "serve":
+		rest = rest[1:]
+	case filepath.Base(argv[0]) == "sglang":
+	default:
+		return entryModule, rest
+	}
+	var out []string
+	for i := 0; i < len(rest); i++ {
+		switch {
+		case rest[i] == "--model-type" && i+1 < len(rest):
+			i++
+		case strings.HasPrefix(rest[i], "--model-type="):
+		default:
+			out = append(out, rest[i])
+		}
+	}
+	if len(out) > 0 && !strings.HasPrefix(out[0], "-") {
+		out = append([]string{"--model-path"}, out...)
+	}
+	return entryServe, out
+}
+
+// args holds parsed flags by every name of their spec, without dashes ("tp-size" and
+// "tensor-parallel-size" both).
 type args struct {
 	vals map[string]string
 	set  map[string]bool
@@ -98,6 +107,16 @@ func (a args) float(name string) float64 {
 	return f
 }
 
+func (a args) put(s argSpec, v string) {
+	for _, n := range s.names {
+		if s.typ == typeBoolOpt && strings.HasPrefix(n, "--no-") {
+			continue
+		}
+		a.vals[strings.TrimPrefix(n, "--")] = v
+		a.set[strings.TrimPrefix(n, "--")] = true
+	}
+}
+
 // argError is argparse's failure: usage and "prog: error: msg" on stderr,
 // exit status 2.
 type argError struct{ msg string }
@@ -107,13 +126,9 @@ func (e *argError) Error() string { return e.msg }
 // errHelp asks for the help text (exit 0).
 var errHelp = &argError{msg: "help"}
 
-func canonical(s argSpec) string { return strings.TrimPrefix(s.names[0], "--") }
-
 // lookup finds the spec for an option string, allowing unique prefixes as
 // argparse does (allow_abbrev: --speculative-algo works).
 func lookup(opt string) (argSpec, string, error) {
-	var matches []string
-	var found []argSpec
 	for _, s := range specs {
 		for _, n := range s.names {
 			if n == opt {
@@ -121,6 +136,8 @@ func lookup(opt string) (argSpec, string, error) {
 			}
 		}
 	}
+	var matches []string
+	var found []argSpec
 	for _, s := range specs {
 		for _, n := range s.names {
 			if strings.HasPrefix(n, opt) {
@@ -138,33 +155,79 @@ func lookup(opt string) (argSpec, string, error) {
 	return argSpec{}, "", &argError{msg: fmt.Sprintf("ambiguous option: %s could match %s", opt, strings.Join(matches, ", "))}
 }
 
-func typeName(t argType) string {
-	switch t {
-	case typeInt:
-		return "int"
-	case typeFloat:
-		return "float"
+var humanInt = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)(k|M|G|T|Ki|Mi|Gi|Ti)?$`)
+
+// convert checks one value the way the spec's type= would, returning it normalised.
+func convert(s argSpec, disp, v string) (string, error) {
+	bad := func(name string) error {
+		return &argError{msg: fmt.Sprintf("argument %s: invalid %s value: '%s'", disp, name, v)}
 	}
-	return "str"
+	switch s.typ {
+	case typeInt:
+		if _, err := strconv.Atoi(strings.TrimSpace(v)); err != nil {
+			return "", bad("int")
+		}
+	case typeFloat:
+		if _, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
+			return "", bad("float")
+		}
+	case typeJSON:
+		if !json.Valid([]byte(v)) {
+			return "", bad("loads")
+		}
+	case typeHumanInt:
+		m := humanInt.FindStringSubmatch(strings.TrimSpace(v))
+		if m == nil || (strings.Contains(m[1], ".") && (m[2] == "" || strings.HasSuffix(m[2], "i"))) {
+			return "", bad("human_readable_int")
+		}
+		f, _ := strconv.ParseFloat(m[1], 64)
+		mult := map[string]float64{"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}[m[2]]
+		v = strconv.FormatInt(int64(f*mult), 10)
+	}
+	if s.choices != nil {
+		ok := false
+		for _, c := range s.choices {
+			if c == v {
+				ok = true
+			}
+		}
+		if !ok {
+			q := func(x string) string {
+				if s.typ == typeInt || s.typ == typeFloat {
+					return x
+				}
+				return "'" + x + "'"
+			}
+			quoted := make([]string, len(s.choices))
+			for i, c := range s.choices {
+				quoted[i] = q(c)
+			}
+			return "", &argError{msg: fmt.Sprintf("argument %s: invalid choice: %s (choose from %s)", disp, q(v), strings.Join(quoted, ", "))}
+		}
+	}
+	return v, nil
 }
 
-// parseArgs parses argv (without the program) like SGLang's ArgumentParser.
+// parseArgs parses the server parser's arguments like SGLang's ArgumentParser.
 func parseArgs(argv []string) (args, error) {
 	a := args{vals: map[string]string{}, set: map[string]bool{}}
 	for _, s := range specs {
-		if s.typ == typeBool {
-			a.vals[canonical(s)] = "false"
-		} else if s.def != "" {
-			a.vals[canonical(s)] = s.def
+		switch {
+		case s.typ == typeBool || s.typ == typeBoolOpt:
+			a.put(s, "false")
+		case s.def != "":
+			a.put(s, s.def)
 		}
 	}
+	clear(a.set)
 	var extras []string
+	isValue := func(tok string) bool { return !strings.HasPrefix(tok, "-") || tok == "-" || isNumber(tok) }
 	for i := 0; i < len(argv); i++ {
 		tok := argv[i]
 		if tok == "-h" || tok == "--help" {
 			return a, errHelp
 		}
-		if !strings.HasPrefix(tok, "-") || tok == "-" {
+		if !strings.HasPrefix(tok, "-") || tok == "-" || isNumber(tok) {
 			extras = append(extras, tok)
 			continue
 		}
@@ -178,36 +241,56 @@ func parseArgs(argv []string) (args, error) {
 			continue
 		}
 		disp := strings.Join(s.names, "/")
-		if s.typ == typeBool {
+		if s.typ == typeBool || s.typ == typeBoolOpt {
 			if hasVal {
 				return a, &argError{msg: fmt.Sprintf("argument %s: ignored explicit argument '%s'", disp, val)}
 			}
-			a.vals[canonical(s)] = "true"
-			a.set[canonical(s)] = true
+			a.put(s, strconv.FormatBool(!strings.HasPrefix(name, "--no-")))
 			continue
 		}
-		if !hasVal {
-			if i+1 >= len(argv) || (strings.HasPrefix(argv[i+1], "-") && !isNumber(argv[i+1])) {
+		var vals []string
+		switch {
+		case hasVal:
+			vals = []string{val}
+		case s.nargs == "" || s.nargs == "1":
+			if i+1 >= len(argv) || !isValue(argv[i+1]) {
 				return a, &argError{msg: fmt.Sprintf("argument %s: expected one argument", disp)}
 			}
 			i++
-			val = argv[i]
-		}
-		switch s.typ {
-		case typeInt:
-			if _, err := strconv.Atoi(val); err != nil {
-				return a, &argError{msg: fmt.Sprintf("argument %s: invalid int value: '%s'", disp, val)}
+			vals = []string{argv[i]}
+		case s.nargs == "?" || s.nargs == "*" || s.nargs == "+":
+			for i+1 < len(argv) && isValue(argv[i+1]) && (s.nargs != "?" || len(vals) == 0) {
+				i++
+				vals = append(vals, argv[i])
 			}
-		case typeFloat:
-			if _, err := strconv.ParseFloat(val, 64); err != nil {
-				return a, &argError{msg: fmt.Sprintf("argument %s: invalid float value: '%s'", disp, val)}
+			if s.nargs == "+" && len(vals) == 0 {
+				return a, &argError{msg: fmt.Sprintf("argument %s: expected at least one argument", disp)}
+			}
+		default: // a count
+			n, _ := strconv.Atoi(s.nargs)
+			for len(vals) < n && i+1 < len(argv) && isValue(argv[i+1]) {
+				i++
+				vals = append(vals, argv[i])
+			}
+			if len(vals) < n {
+				return a, &argError{msg: fmt.Sprintf("argument %s: expected %d arguments", disp, n)}
 			}
 		}
-		a.vals[canonical(s)] = val
-		a.set[canonical(s)] = true
+		for j, v := range vals {
+			if vals[j], err = convert(s, disp, v); err != nil {
+				return a, err
+			}
+		}
+		a.put(s, strings.Join(vals, " "))
 	}
-	if !a.set["model-path"] {
-		return a, &argError{msg: "the following arguments are required: --model-path/--model"}
+	var missing []string
+	for _, s := range specs {
+		if s.required && !a.set[strings.TrimPrefix(s.names[0], "--")] {
+			missing = append(missing, strings.Join(s.names, "/"))
+		}
+	}
+	if len(missing) > 0 {
+		return a, &argError{msg: "the following arguments are required: " + strings.Join(missing, ", ")}
 	}
 	if len(extras) > 0 {
 		return a, &argError{msg: "unrecognized arguments: " + strings.Join(extras, " ")}
@@ -227,16 +310,29 @@ func isNumber(s string) bool {
 }
 
 // usage renders argparse's usage block, wrapped the way argparse wraps it.
-func usage() string {
+func usage(prog string) string {
 	parts := []string{"[-h]"}
 	for _, s := range specs {
 		n := s.names[0]
 		meta := strings.ToUpper(strings.ReplaceAll(strings.TrimPrefix(n, "--"), "-", "_"))
+		if s.choices != nil {
+			meta = "{" + strings.Join(s.choices, ",") + "}"
+		}
+		switch s.nargs {
+		case "?":
+			meta = "[" + meta + "]"
+		case "*":
+			meta = "[" + meta + " ...]"
+		case "+":
+			meta = meta + " [" + meta + " ...]"
+		}
 		switch {
-		case n == "--model-path":
-			parts = append(parts, n+" "+meta)
 		case s.typ == typeBool:
 			parts = append(parts, "["+n+"]")
+		case s.typ == typeBoolOpt:
+			parts = append(parts, "["+strings.Join(s.names, " | ")+"]")
+		case s.required:
+			parts = append(parts, n+" "+meta)
 		default:
 			parts = append(parts, "["+n+" "+meta+"]")
 		}
@@ -258,18 +354,13 @@ func usage() string {
 	return b.String()
 }
 
-// help renders a short help text.
-func help() string {
+// help renders a short help text: the usage and every option with its aliases.
+func help(prog string) string {
 	var b strings.Builder
-	b.WriteString(usage())
+	b.WriteString(usage(prog))
 	b.WriteString("\noptions:\n  -h, --help            show this help message and exit\n")
-	names := make([]string, 0, len(specs))
 	for _, s := range specs {
-		names = append(names, strings.Join(s.names, ", "))
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		b.WriteString("  " + n + "\n")
+		b.WriteString("  " + strings.Join(s.names, ", ") + "\n")
 	}
 	return b.String()
 }

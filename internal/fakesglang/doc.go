@@ -1,9 +1,14 @@
-// Command fake-sglang stands in for `python3 -m sglang.launch_server` where
+// Command fake-sglang stands in for `python3 -m sglang.launch_server` and, as
+// `fake-sglang serve [MODEL] …` (or when named sglang), for `sglang serve`, where
 // there is no GPU and no network: in the agent's tests and its quickstart.
 //
 // The agent judges a server by its process tree, its port, its HTTP endpoints
 // and its log, so the fake is faithful in exactly those: it parses SGLang's
-// launch flags the way argparse does (unknown flag: usage + error, exit 2),
+// launch flags the way argparse does, with SGLang's whole flag set (flags_gen.go,
+// generated from SGLang's server_args.py by scripts/gen-sglang-flags.py: types,
+// aliases, choices, nargs, required) and the program name SGLang gives its
+// parser ("sglang serve: error: …"; unknown flag or bad value: usage + error,
+// exit 2),
 // prints SGLang's real startup, batch and failure lines with the
 // "[2026-05-01 12:00:00 TP0] " prefix, serves /health (503 until ready),
 // /v1/models, /v1/chat/completions and, with --enable-metrics, /metrics with
@@ -25,6 +30,9 @@
 //	hold-port        a child inherits the listening socket and keeps the port bound
 //	loop             chat answers loop a sentence unless presence_penalty > 0
 //	hybrid           print the hybrid (mamba) decode line form
+//
+// With --enable-dp-attention and --dp-size N, each of the N DP ranks logs its own
+// "[ts DPi TPj] Decode batch" line and exports its own dp_rank series, as SGLang does.
 //
 // FAKE_SGLANG_DECODE_INTERVAL (Go duration, default 1s, 0 = never) paces the
 // periodic "Decode batch, ..." line; one is also printed after each chat

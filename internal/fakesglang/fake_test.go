@@ -90,6 +90,34 @@ func TestReadyServesAndReportsMetrics(t *testing.T) {
 	}
 }
 
+// With DP attention each DP rank logs its decode lines and exports its series:
+// the agent's parsers add the ranks' throughput up, from the log and /metrics.
+func TestDPAttentionRanksAddUp(t *testing.T) {
+	t.Parallel()
+	ctx := ctxWait(t)
+	p := launch(t, "", "--model-path", t.TempDir(), "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--enable-metrics")
+	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, "DP1 TP2] Decode batch, ")
+	m, err := sglang.ScanMetrics(ctx, strings.NewReader(p.logText()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.GenThroughput == nil || *m.GenThroughput < 2*60.47 || *m.GenThroughput > 2*62.1 {
+		t.Errorf("log: gen throughput %v, want two ranks' sum", m.GenThroughput)
+	}
+	code, body, err := get(ctx, p.url("/metrics"))
+	if err != nil || code != http.StatusOK || !strings.Contains(body, `dp_rank="1"`) {
+		t.Fatalf("/metrics = %d, %v:\n%s", code, err, body)
+	}
+	pm, err := sglang.ParsePrometheus(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm.GenThroughput == nil || *pm.GenThroughput < 2*60.47 || *pm.GenThroughput > 2*62.1 || pm.AcceptLen != nil {
+		t.Errorf("/metrics: gen throughput %v (want the sum), accept len %v (want none: no speculative decoding)", pm.GenThroughput, pm.AcceptLen)
+	}
+}
+
 func TestMetricsOnlyWithEnableMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
@@ -152,10 +180,16 @@ func TestBadCommandLines(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown flag", []string{"--model-path", dir, "--no-such-flag", "1"}, "launch_server.py: error: unrecognized arguments: --no-such-flag 1"},
-		{"bad int", []string{"--model-path", dir, "--tp-size", "two"}, "launch_server.py: error: argument --tp-size/--tensor-parallel-size: invalid int value: 'two'"},
+		{"unknown flag", []string{"--model-path", dir, "--no-such-flag", "1"}, "sglang serve: error: unrecognized arguments: --no-such-flag 1"},
+		{"bad int", []string{"--model-path", dir, "--tp-size", "two"}, "sglang serve: error: argument --tensor-parallel-size/--tp-size: invalid int value: 'two'"},
+		{"bad choice", []string{"--model-path", dir, "--log-requests-level", "5"}, "error: argument --log-requests-level: invalid choice: 5 (choose from 0, 1, 2, 3)"},
+		{"bad str choice", []string{"--model-path", dir, "--speculative-algorithm", "MTP"}, "error: argument --speculative-algorithm: invalid choice: 'MTP' (choose from 'EAGLE', 'EAGLE3', 'NEXTN', 'STANDALONE', 'NGRAM')"},
+		{"bad json", []string{"--model-path", dir, "--extra-metric-labels", "{rope"}, "error: argument --extra-metric-labels: invalid loads value: '{rope'"},
+		{"bad human int", []string{"--model-path", dir, "--context-length", "32kb"}, "error: argument --context-length: invalid human_readable_int value: '32kb'"},
+		{"empty nargs+", []string{"--model-path", dir, "--cuda-graph-bs", "--enable-metrics"}, "error: argument --cuda-graph-bs: expected at least one argument"},
 		{"bad float", []string{"--model-path", dir, "--mem-fraction-static=lots"}, "error: argument --mem-fraction-static: invalid float value: 'lots'"},
 		{"missing value", []string{"--model-path", dir, "--port"}, "error: argument --port: expected one argument"},
+		{"serve entry, model first", []string{"serve", dir, "--no-such-flag"}, "sglang serve: error: unrecognized arguments: --no-such-flag"},
 		{"missing model", []string{"--port", "1"}, "error: the following arguments are required: --model-path/--model"},
 		{"ambiguous", []string{"--model-path", dir, "--speculative-num", "3"}, "error: ambiguous option: --speculative-num could match"},
 	}
@@ -168,7 +202,7 @@ func TestBadCommandLines(t *testing.T) {
 				t.Errorf("exit %d, want 2", code)
 			}
 			log := p.logText()
-			if !strings.HasPrefix(log, "usage: launch_server.py [-h] --model-path MODEL_PATH") || !strings.Contains(log, tt.want) {
+			if !strings.HasPrefix(log, "usage: sglang serve [-h] --model-path MODEL_PATH") || !strings.Contains(log, tt.want) {
 				t.Errorf("output:\n%s\nwant usage and %q", log, tt.want)
 			}
 			f, ok := sglang.DetectFailure(strings.Split(log, "\n"))
@@ -176,6 +210,65 @@ func TestBadCommandLines(t *testing.T) {
 				t.Errorf("DetectFailure = %+v, %v; want bad-flag", f, ok)
 			}
 		})
+	}
+}
+
+// A real command line that ran on SGLang (the MiroThinker README's, paths made local),
+// with --log-requests-level 2 among its flags, is accepted with its values.
+func TestRealCommandLine(t *testing.T) {
+	t.Parallel()
+	argv := strings.Fields("--model-path /m --tp 8 --dp 1 --host 0.0.0.0 --port 61002 --trust-remote-code --log-level debug --log-level-http debug --log-requests --log-requests-level 2 --attention-backend flashinfer --enable-metrics --show-time-cost --chat-template assets/qwen3_nonthinking.jinja")
+	a, err := parseArgs(argv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.int("tp-size") != 8 || a.int("log-requests-level") != 2 || !a.on("log-requests") || a.str("attention-backend") != "flashinfer" || a.str("host") != "0.0.0.0" {
+		t.Errorf("parsed %v", a.vals)
+	}
+	// nargs="+" and human-readable ints, as in real launches.
+	a, err = parseArgs(strings.Fields("--model /m --cuda-graph-bs 1 2 4 8 --context-length 32k --max-total-tokens 1Mi --speculative-algo NEXTN --enable-metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.str("cuda-graph-bs") != "1 2 4 8" || a.int("context-length") != 32000 || a.int("max-total-tokens") != 1<<20 || !a.on("enable-metrics") {
+		t.Errorf("parsed %v", a.vals)
+	}
+}
+
+// The table is SGLang's whole flag set, generated from its source.
+func TestGeneratedFlagTable(t *testing.T) {
+	t.Parallel()
+	if len(specs) < 300 || parserProg != "sglang serve" {
+		t.Fatalf("%d flags, prog %q: not the generated table", len(specs), parserProg)
+	}
+	seen := map[string]bool{}
+	for _, s := range specs {
+		for _, n := range s.names {
+			if seen[n] || !strings.HasPrefix(n, "--") {
+				t.Errorf("flag %q twice or malformed", n)
+			}
+			seen[n] = true
+		}
+	}
+	for _, n := range []string{"--log-requests-level", "--mamba-full-memory-ratio", "--speculative-eagle-topk", "--enable-dp-attention", "--tool-call-parser", "--model"} {
+		if !seen[n] {
+			t.Errorf("%s missing", n)
+		}
+	}
+}
+
+// `sglang serve` takes the model as its first argument and prints its own name.
+func TestServeEntry(t *testing.T) {
+	t.Parallel()
+	e, argv := entryOf([]string{"/usr/local/bin/fake-sglang", "serve", "/models/q", "--model-type", "llm", "--port", "1"})
+	if e != entryServe || strings.Join(argv, " ") != "--model-path /models/q --port 1" {
+		t.Errorf("entry %v argv %q", e, argv)
+	}
+	if e, argv := entryOf([]string{"fake-sglang", "--model-path", "/m"}); e != entryModule || len(argv) != 2 {
+		t.Errorf("entry %v argv %q", e, argv)
+	}
+	if e, _ := entryOf([]string{"/opt/bin/sglang", "--model-path", "/m"}); e != entryServe || e.prog() != "sglang serve" {
+		t.Errorf("entry %v", e)
 	}
 }
 

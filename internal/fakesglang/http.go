@@ -215,10 +215,22 @@ func (s *server) metrics(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	st := s.stats
 	s.mu.Unlock()
-	labels := fmt.Sprintf(`engine_type="unified",model_name=%q,pp_rank="0",tp_rank="0"`, s.modelName())
+	// One series per scheduler that exports: the first TP rank of each DP
+	// rank, labelled dp_rank with DP attention (as SGLang's metrics mixin).
+	var labels []string
+	if n := s.dpRanks(); n > 1 {
+		for dp := 0; dp < n; dp++ {
+			labels = append(labels, fmt.Sprintf(`dp_rank="%d",engine_type="unified",model_name=%q,moe_ep_rank="0",pp_rank="0",tp_rank="%d"`, dp, s.modelName(), dp*s.tpSize()/n))
+		}
+	} else {
+		labels = []string{fmt.Sprintf(`engine_type="unified",model_name=%q,moe_ep_rank="0",pp_rank="0",tp_rank="0"`, s.modelName())}
+	}
 	var b strings.Builder
 	gauge := func(name, help string, v float64) {
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %g\n", name, help, name, name, labels, v)
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+		for _, l := range labels {
+			fmt.Fprintf(&b, "%s{%s} %g\n", name, l, v)
+		}
 	}
 	counter := func(name, help string, v float64) {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n%s_total{model_name=%q} %g\n", name, help, name, name, s.modelName(), v)

@@ -38,15 +38,16 @@ func run(argv []string) int {
 		fmt.Fprintf(os.Stderr, "fake-sglang: %v\n", ferr)
 		return 1
 	}
+	ent, argv := entryOf(append([]string{os.Args[0]}, argv...))
 	a, err := parseArgs(argv)
 	var ae *argError
 	switch {
 	case err == errHelp:
-		fmt.Fprint(os.Stdout, help())
+		fmt.Fprint(os.Stdout, help(ent.prog()))
 		return 0
 	case errors.As(err, &ae):
-		fmt.Fprint(os.Stderr, usage())
-		fmt.Fprintf(os.Stderr, "%s: error: %s\n", prog, ae.msg)
+		fmt.Fprint(os.Stderr, usage(ent.prog()))
+		fmt.Fprintf(os.Stderr, "%s: error: %s\n", ent.prog(), ae.msg)
 		return 2
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "fake-sglang: %v\n", err)
@@ -95,6 +96,12 @@ func (l *logger) main(format string, v ...any) {
 // rank logs from a scheduler: "[ts TP0] msg".
 func (l *logger) rank(tp int, format string, v ...any) {
 	l.raw("[" + stamp() + " TP" + strconv.Itoa(tp) + "] " + fmt.Sprintf(format, v...))
+}
+
+// dpRank logs from the scheduler of one DP-attention rank: "[ts DP1 TP1] msg"
+// (SGLang's configure_scheduler prefix; the rank's first TP rank).
+func (l *logger) dpRank(dp, tp int, format string, v ...any) {
+	l.raw("[" + stamp() + " DP" + strconv.Itoa(dp) + " TP" + strconv.Itoa(tp) + "] " + fmt.Sprintf(format, v...))
 }
 
 // raw writes lines as they are (tracebacks, tqdm bars).
@@ -379,7 +386,24 @@ func (s *server) decodeLine(newTokens int) {
 		msg += fmt.Sprintf("accept len: %.2f, accept rate: %.2f, ", al, ar)
 	}
 	msg += fmt.Sprintf("cuda graph: %s, gen throughput (token/s): %.2f, #queue-req: 0, ", pyBool(!s.args.on("disable-cuda-graph")), s.genThroughput())
+	if n := s.dpRanks(); n > 1 {
+		// With DP attention every DP rank decodes its own batch and logs its
+		// own line; the server's throughput is their sum.
+		for dp := 0; dp < n; dp++ {
+			s.log.dpRank(dp, dp*s.tpSize()/n, "%s", msg)
+		}
+		return
+	}
 	s.log.rank(0, "%s", msg)
+}
+
+// dpRanks is the number of DP-attention ranks (--enable-dp-attention with
+// --dp-size), 1 without DP attention.
+func (s *server) dpRanks() int {
+	if n := s.args.int("dp-size"); s.args.on("enable-dp-attention") && n > 1 && n <= s.tpSize() {
+		return n
+	}
+	return 1
 }
 
 func pyBool(b bool) string {

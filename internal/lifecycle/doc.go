@@ -16,8 +16,9 @@
 //   - A launch is verified in order: the process is alive, this generation's
 //     log has grown, readiness (an HTTP 200 and/or a log line of THIS
 //     generation) before the timeout, then the smoke test. A failure quotes the
-//     tail of that generation's log and names the known SGLang failure
-//     (sglang.DetectFailure) instead of guessing.
+//     tail of that generation's log and names the known failure in the
+//     engine's dialect, SGLang, vLLM or llama.cpp (serverlog.DetectFailure),
+//     instead of guessing.
 //   - Stop is proc.Stop (signal the group, escalate to SIGKILL, prove every
 //     member gone by PID and start time), then the port is proven free and the
 //     GPU memory of those PIDs released (gpu.WaitReleased).

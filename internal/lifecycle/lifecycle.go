@@ -13,6 +13,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/serverlog"
 	"github.com/agent-dev/agent/internal/sglang"
 )
 
@@ -355,7 +356,7 @@ func (l *Lifecycle) Metrics(ctx context.Context, port int) (sglang.Metrics, erro
 	if err != nil {
 		return sglang.Metrics{}, err
 	}
-	return sglang.ParsePrometheus(string(b))
+	return serverlog.ParsePrometheus(string(b))
 }
 
 // PortWait bounds the wait for the port to be free after a verified stop.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agent-dev/agent/internal/serverlog"
 	"github.com/agent-dev/agent/internal/sglang"
 )
 
@@ -219,13 +220,14 @@ func lastLines(path string, limit int64) ([]string, error) {
 	return strings.Split(s, "\n"), nil
 }
 
-// Failure looks for a known SGLang failure in the end of the log at path.
+// Failure looks for a known failure in the end of the log at path, in the
+// dialect of the engine that wrote it (SGLang, vLLM, llama.cpp: serverlog).
 func Failure(path string) (sglang.Failure, bool) {
 	lines, err := lastLines(path, tailBytes)
 	if err != nil {
 		return sglang.Failure{}, false
 	}
-	return sglang.DetectFailure(lines)
+	return serverlog.DetectFailure(lines)
 }
 
 // ScanLog reads the serving state from one generation's log.
@@ -235,7 +237,7 @@ func ScanLog(ctx context.Context, path string) (sglang.Metrics, error) {
 		return sglang.Metrics{}, err
 	}
 	defer f.Close()
-	return sglang.ScanMetrics(ctx, f)
+	return serverlog.ScanMetrics(ctx, f)
 }
 
 // lineWatch finds a line in a growing file, reading only what was appended.

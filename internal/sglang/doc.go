@@ -22,9 +22,13 @@
 //     reports the cause from that launch's own log rather than a guess.
 //
 // The formats were copied from SGLang's source
-// (python/sglang/srt/managers/scheduler_metrics_mixin.py and
-// python/sglang/srt/metrics/collector.py) and from real logs; both the older
-// "Decode batch. " and the newer "Decode batch, " forms are accepted. The
+// (python/sglang/srt/observability/scheduler_metrics_mixin.py and
+// metrics_collector.py, formerly managers/ and metrics/) and checked against
+// real logs pasted in public issue threads, kept with their URLs in
+// testdata/real and tested line by line: the older "Decode batch. " and the
+// newer "Decode batch, " forms, 2024's dateless "[04:40:55 TP0]" prefix,
+// SGLANG_LOG_MS milliseconds, DP/PP/EP rank prefixes (DP ranks' figures add
+// up), cpu/npu/musa graph flags. docs/serving-logs.md describes them all. The
 // package holds no global mutable state and never panics on any input
 // (FuzzParseLine guards that).
 package sglang

@@ -17,6 +17,7 @@ const (
 	FailureModelPath      FailureKind = "model-path"      // the checkpoint is not where --model-path says
 	FailurePortInUse      FailureKind = "port-in-use"     // something else holds the port
 	FailureNoGPU          FailureKind = "no-gpu"          // CUDA sees no device
+	FailureNCCL           FailureKind = "nccl"            // NCCL could not set up the GPUs' communicator
 	FailureSchedulerCrash FailureKind = "scheduler-crash" // any other scheduler exception
 )
 
@@ -51,7 +52,18 @@ type rule struct {
 	match func(msg string) bool
 }
 
-var argparseError = regexp.MustCompile(`^[\w.\-]+: error: \S`)
+// argparseError matches argparse's last line, "PROG: error: MSG". PROG is
+// "launch_server.py" for `python -m sglang.launch_server` before 2026, and
+// "sglang serve" (with a space) since SGLang builds its parser with
+// ArgumentParser(prog="sglang serve") for both entry points; "sglang" for the
+// CLI's own subcommand parser. The diffusion path raises
+// SystemExit("error: unrecognized arguments: …"), which Python prints alone.
+var argparseError = regexp.MustCompile(`^(?:[\w./\-]+(?: serve)?: error: \S|(?:SystemExit: )?error: (?:unrecognized arguments|argument |the following arguments are required|ambiguous option))`)
+
+// internalPortBusy matches SGLang's wait_port_available failure for its own
+// ports (rpc_port, metrics_port, nccl_port, dist_init_port, …): "ValueError:
+// rpc_port at 30235 is not available in 30 seconds. …".
+var internalPortBusy = regexp.MustCompile(`\b[a-z_]*port at \d+ is not available`)
 
 func contains(subs ...string) func(string) bool {
 	return func(msg string) bool {
@@ -98,6 +110,12 @@ var rules = []rule{
 	},
 	{
 		kind:  FailurePortInUse,
+		title: "an internal SGLang port is in use",
+		hint:  "SGLang's own ports (with DP attention --port+233 to --port+238, or the --dist-init-addr port and the 4 after it) are held by another process, often a scheduler of an earlier launch still alive: stop it, or move --port / --dist-init-addr",
+		match: internalPortBusy.MatchString,
+	},
+	{
+		kind:  FailurePortInUse,
 		title: "port already in use",
 		hint:  "another process holds the port: stop it (takeover) or choose another --port",
 		match: contains("address already in use", "Address already in use"),
@@ -107,6 +125,12 @@ var rules = []rule{
 		title: "no GPU visible",
 		hint:  "check CUDA_VISIBLE_DEVICES, the driver (nvidia-smi) and the container's gpu device",
 		match: contains("No CUDA GPUs are available", "no CUDA-capable device is detected"),
+	},
+	{
+		kind:  FailureNCCL,
+		title: "NCCL error",
+		hint:  "the GPUs could not set up NCCL: in a container give /dev/shm room (NCCL needs shared memory) and pass every GPU; set NCCL_DEBUG=INFO in env for the cause; NCCL_P2P_DISABLE=1 or --disable-custom-all-reduce works around broken peer-to-peer",
+		match: contains("NCCL error: unhandled system error", "NCCL error:", "ncclSystemError", "ncclUnhandledCudaError"),
 	},
 	{
 		kind:  FailureSchedulerCrash,

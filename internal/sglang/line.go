@@ -13,24 +13,56 @@ const ReadyLine = "The server is fired up and ready to roll!"
 // "[2026-05-01 12:00:00 TP0] ". The time is local to the server, without zone.
 const TimeLayout = "2006-01-02 15:04:05"
 
+// clockLayout is the prefix of SGLang releases of 2024, a time without a date:
+// "[04:40:55 TP0] Decode batch. …".
+const clockLayout = "15:04:05"
+
 // Prefix is the bracketed head of an SGLang log line.
 type Prefix struct {
 	// Time is when the line was logged, in the location the caller gave.
 	Time time.Time
-	// Rank names the process that logged it ("TP0", "DP1 TP0", "TP0 EP0");
-	// empty for the main (HTTP/tokenizer) process.
+	// Rank names the process that logged it ("TP0", "DP1 TP0", "PP1 TP3",
+	// "TP0 EP0"); empty for the main (HTTP/tokenizer) process.
 	Rank string
+	// Dateless is true for the 2024 form "[04:40:55 TP0]": Time is then the
+	// latest moment with that clock time not after now (a line is read while
+	// or soon after it is written), so an old log read on a later day is
+	// placed on the wrong date.
+	Dateless bool
+}
+
+// RankNumber returns the number of one rank kind ("DP", "TP", "PP", "EP",
+// "ATTN_CP", "MOE_DP") in the prefix, and whether it is there.
+func (p Prefix) RankNumber(kind string) (int, bool) {
+	return rankNumber(p.Rank, kind)
+}
+
+func rankNumber(rank, kind string) (int, bool) {
+	for _, f := range strings.Fields(rank) {
+		if rest, ok := strings.CutPrefix(f, kind); ok {
+			if n, err := strconv.Atoi(rest); err == nil && n >= 0 {
+				return n, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // SplitPrefix splits "[2026-05-01 12:00:00 TP0] message" into its prefix and
-// message, reading the time in loc (time.Local when nil). ok is false when the
-// line has no such prefix (tqdm progress bars, traceback lines, argparse); the
-// message is then the whole line.
+// message, reading the time in loc (time.Local when nil). It also accepts the
+// milliseconds SGLANG_LOG_MS adds ("12:00:00.123") and the dateless prefix of
+// 2024 ("[04:40:55 TP0]"). ok is false when the line has no such prefix
+// (tqdm progress bars, traceback lines, argparse); the message is then the
+// whole line.
 func SplitPrefix(line string, loc *time.Location) (p Prefix, msg string, ok bool) {
+	return splitPrefixAt(line, loc, time.Now())
+}
+
+func splitPrefixAt(line string, loc *time.Location, now time.Time) (p Prefix, msg string, ok bool) {
 	if loc == nil {
 		loc = time.Local
 	}
-	if len(line) < len(TimeLayout)+2 || line[0] != '[' {
+	if len(line) < len(clockLayout)+2 || line[0] != '[' {
 		return Prefix{}, line, false
 	}
 	end := strings.IndexByte(line, ']')
@@ -38,20 +70,56 @@ func SplitPrefix(line string, loc *time.Location) (p Prefix, msg string, ok bool
 		return Prefix{}, line, false
 	}
 	head := line[1:end]
-	if len(head) < len(TimeLayout) {
+	var t time.Time
+	var rest string
+	switch {
+	case len(head) >= len(TimeLayout) && head[4] == '-':
+		parsed, err := time.ParseInLocation(TimeLayout, head[:len(TimeLayout)], loc)
+		if err != nil {
+			return Prefix{}, line, false
+		}
+		t, rest = parsed, head[len(TimeLayout):]
+	case len(head) >= len(clockLayout) && head[2] == ':':
+		parsed, err := time.ParseInLocation(clockLayout, head[:len(clockLayout)], loc)
+		if err != nil {
+			return Prefix{}, line, false
+		}
+		now = now.In(loc)
+		t = time.Date(now.Year(), now.Month(), now.Day(), parsed.Hour(), parsed.Minute(), parsed.Second(), 0, loc)
+		if t.After(now.Add(time.Minute)) {
+			t = t.AddDate(0, 0, -1)
+		}
+		p.Dateless = true
+		rest = head[len(clockLayout):]
+	default:
 		return Prefix{}, line, false
 	}
-	t, err := time.ParseInLocation(TimeLayout, head[:len(TimeLayout)], loc)
-	if err != nil {
-		return Prefix{}, line, false
+	if ms, ok := millis(rest); ok {
+		t = t.Add(time.Duration(ms) * time.Millisecond)
+		rest = rest[4:]
 	}
-	rest := head[len(TimeLayout):]
 	if rest != "" && rest[0] != ' ' {
 		return Prefix{}, line, false
 	}
 	msg = line[end+1:]
 	msg = strings.TrimPrefix(msg, " ")
-	return Prefix{Time: t, Rank: strings.TrimSpace(rest)}, msg, true
+	p.Time, p.Rank = t, strings.TrimSpace(rest)
+	return p, msg, true
+}
+
+// millis reads the ".123" SGLANG_LOG_MS puts after the seconds.
+func millis(s string) (int, bool) {
+	if len(s) < 4 || s[0] != '.' {
+		return 0, false
+	}
+	n := 0
+	for _, c := range s[1:4] {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 // Kind says which scheduler line an Event came from.
@@ -103,7 +171,7 @@ type Event struct {
 	AcceptLen  *float64 // accept len: tokens accepted per verify step
 	AcceptRate *float64 // accept rate: accepted / drafted
 
-	CUDAGraph       *bool    // cuda graph (or cpu graph)
+	CUDAGraph       *bool    // cuda graph (or cpu, npu, musa graph): this batch ran as a captured graph
 	GenThroughput   *float64 // gen throughput (token/s)
 	InputThroughput *float64 // input throughput (token/s), prefill
 
@@ -193,7 +261,9 @@ func (ev *Event) set(key, val string) bool {
 		return setFloat(&ev.AcceptLen, val)
 	case "accept rate":
 		return setFloat(&ev.AcceptRate, val)
-	case "cuda graph", "cpu graph":
+	case "cuda graph", "cpu graph", "npu graph", "musa graph":
+		// The label names the device's graph runner (CUDA, CPU, Ascend NPU,
+		// Moore Threads MUSA); the meaning is the same.
 		b, err := strconv.ParseBool(val)
 		if err != nil {
 			return false

@@ -125,9 +125,12 @@ func TestSplitPrefix(t *testing.T) {
 		msg  string
 		ok   bool
 	}{
-		{"[2026-05-01 12:00:00 TP0] Load weight begin. avail mem=46.92 GB", Prefix{at("2026-05-01 12:00:00"), "TP0"}, "Load weight begin. avail mem=46.92 GB", true},
-		{"[2026-05-01 12:00:00] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)", Prefix{at("2026-05-01 12:00:00"), ""}, "INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)", true},
-		{"[2026-05-01 12:00:00 DP1 TP3 EP3] x", Prefix{at("2026-05-01 12:00:00"), "DP1 TP3 EP3"}, "x", true},
+		{"[2026-05-01 12:00:00 TP0] Load weight begin. avail mem=46.92 GB", Prefix{Time: at("2026-05-01 12:00:00"), Rank: "TP0"}, "Load weight begin. avail mem=46.92 GB", true},
+		{"[2026-05-01 12:00:00] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)", Prefix{Time: at("2026-05-01 12:00:00")}, "INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)", true},
+		{"[2026-05-01 12:00:00 DP1 TP3 EP3] x", Prefix{Time: at("2026-05-01 12:00:00"), Rank: "DP1 TP3 EP3"}, "x", true},
+		{"[2026-05-01 12:00:00.250 TP0] x", Prefix{Time: at("2026-05-01 12:00:00").Add(250 * time.Millisecond), Rank: "TP0"}, "x", true},
+		{"[2026-05-01 12:00:00.25x TP0] x", Prefix{}, "[2026-05-01 12:00:00.25x TP0] x", false},
+		{"[25:40:55 TP0] bad hour", Prefix{}, "[25:40:55 TP0] bad hour", false},
 		{"Loading safetensors checkpoint shards: 100% Completed | 11/11", Prefix{}, "Loading safetensors checkpoint shards: 100% Completed | 11/11", false},
 		{"[2026-13-01 12:00:00] bad month", Prefix{}, "[2026-13-01 12:00:00] bad month", false},
 		{"[2026-05-01 12:00:00TP0] glued", Prefix{}, "[2026-05-01 12:00:00TP0] glued", false},
@@ -156,6 +159,8 @@ func TestParseLineLocalTime(t *testing.T) {
 func FuzzParseLine(f *testing.F) {
 	f.Add("[2026-05-09 09:22:05 TP0] Decode batch, #running-req: 1, #full token: 272, full token usage: 0.00, mamba num: 1, mamba usage: 0.06, accept len: 3.88, accept rate: 0.97, cuda graph: True, gen throughput (token/s): 60.47, #queue-req: 0")
 	f.Add("[2025-09-11 10:26:02 TP0] Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0,")
+	f.Add("[04:40:55 TP0] Decode batch. #running-req: 2, #token: 4078, token usage: 0.00, gen throughput (token/s): 447.31, #queue-req: 0")
+	f.Add("[2026-08-01 10:00:01.250 DP1 PP0 TP1 EP1] Decode batch, #running-req: 4, musa graph: True")
 	f.Add("Decode batch [")
 	f.Add("[")
 	f.Fuzz(func(t *testing.T, line string) {

@@ -40,7 +40,25 @@ type Metrics struct {
 	Ready        bool      // ReadyLine seen
 	ReadyAt      time.Time
 	ListenURL    string // from "Uvicorn running on http://..."
+
+	// ranks holds the latest decode figures of each data-parallel rank: with
+	// DP attention every DP rank logs its own Decode batch lines, and the
+	// server's throughput is their sum, not the last line's.
+	ranks map[int]rankDecode
 }
+
+// rankDecode is one DP rank's latest decode line.
+type rankDecode struct {
+	at                     time.Time
+	gen                    *float64
+	running, queue         *int
+	tokenUsage, mambaUsage *float64
+}
+
+// rankStale is how old a DP rank's last decode line may be, next to the
+// newest, and still count: an idle rank stops logging, and its last figure
+// would inflate the sum for ever.
+const rankStale = time.Minute
 
 // Update folds one log line into m, reading its time as local time.
 func (m *Metrics) Update(line string) {
@@ -89,12 +107,77 @@ func (m *Metrics) Apply(ev Event) {
 	keepFloat(&m.SWATokenUsage, ev.SWATokenUsage)
 	keepFloat(&m.AcceptLen, ev.AcceptLen)
 	keepFloat(&m.AcceptRate, ev.AcceptRate)
-	if ev.CUDAGraph != nil {
+	// Only decode lines say whether decoding runs as a CUDA graph; a
+	// prefill line's "cuda graph: False" is about prefill (captured only
+	// with piecewise graphs) and must not hide what the decode lines said.
+	if ev.CUDAGraph != nil && ev.Kind == KindDecode {
 		b := *ev.CUDAGraph
 		m.CUDAGraph = &b
 	}
 	keepFloat(&m.GenThroughput, ev.GenThroughput)
 	keepFloat(&m.InputThroughput, ev.InputThroughput)
+	if dp, ok := rankNumber(ev.Rank, "DP"); ok && ev.Kind == KindDecode {
+		m.applyRank(dp, ev)
+	}
+}
+
+// applyRank records a DP rank's decode line and replaces the server-wide
+// figures with the sums (requests, throughput) and maxima (usage) over the
+// ranks that logged recently.
+func (m *Metrics) applyRank(dp int, ev Event) {
+	if m.ranks == nil {
+		m.ranks = map[int]rankDecode{}
+	}
+	r := m.ranks[dp]
+	r.at = ev.Time
+	keepFloat(&r.gen, ev.GenThroughput)
+	keepInt(&r.running, ev.RunningReqs)
+	keepInt(&r.queue, ev.QueueReqs)
+	keepFloat(&r.tokenUsage, ev.TokenUsage)
+	keepFloat(&r.tokenUsage, ev.FullTokenUsage)
+	keepFloat(&r.mambaUsage, ev.MambaUsage)
+	m.ranks[dp] = r
+	if len(m.ranks) < 2 {
+		return
+	}
+	var gen, usage, mamba float64
+	var running, queue int
+	var haveGen, haveRunning, haveQueue, haveUsage, haveMamba bool
+	for _, r := range m.ranks {
+		if !ev.Time.IsZero() && !r.at.IsZero() && ev.Time.Sub(r.at) > rankStale {
+			continue
+		}
+		if r.gen != nil {
+			gen, haveGen = gen+*r.gen, true
+		}
+		if r.running != nil {
+			running, haveRunning = running+*r.running, true
+		}
+		if r.queue != nil {
+			queue, haveQueue = queue+*r.queue, true
+		}
+		if r.tokenUsage != nil && (!haveUsage || *r.tokenUsage > usage) {
+			usage, haveUsage = *r.tokenUsage, true
+		}
+		if r.mambaUsage != nil && (!haveMamba || *r.mambaUsage > mamba) {
+			mamba, haveMamba = *r.mambaUsage, true
+		}
+	}
+	if haveGen {
+		m.GenThroughput = &gen
+	}
+	if haveRunning {
+		m.RunningReqs = &running
+	}
+	if haveQueue {
+		m.QueueReqs = &queue
+	}
+	if haveUsage {
+		m.TokenUsage = &usage
+	}
+	if haveMamba {
+		m.MambaUsage = &mamba
+	}
 }
 
 func keepInt(dst **int, v *int) {
@@ -122,6 +205,13 @@ func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
 	var m Metrics
 	err := scanLines(ctx, r, func(line string) { m.Update(line) })
 	return m, err
+}
+
+// ScanLines calls fn for every line of r, skipping lines longer than 1 MiB,
+// and stops with ctx's error when ctx is done: the one log reader of SGLang's
+// and the other engines' parsers (package serverlog).
+func ScanLines(ctx context.Context, r io.Reader, fn func(string)) error {
+	return scanLines(ctx, r, fn)
 }
 
 // scanLines calls fn for every line of r, tolerating overlong lines.

@@ -48,7 +48,7 @@ func TestScanMetrics(t *testing.T) {
 		Ready:         true,
 		ListenURL:     "http://127.0.0.1:30000",
 	}
-	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(Metrics{}, "LastLineTime", "LastEvent", "ReadyAt")); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(Metrics{}, "LastLineTime", "LastEvent", "ReadyAt"), cmpopts.IgnoreUnexported(Metrics{})); diff != "" {
 		t.Errorf("ScanMetrics mismatch (-want +got):\n%s", diff)
 	}
 	if got.LastEvent.Format(TimeLayout) != "2026-05-09 09:22:07" || got.LastLineTime.Format(TimeLayout) != "2026-05-09 09:22:08" || got.ReadyAt.Format(TimeLayout) != "2026-05-09 09:20:06" {
@@ -129,7 +129,7 @@ func TestParsePrometheus(t *testing.T) {
 		GenerationTokens: fp(5678),
 		Requests:         fp(12),
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Metrics{})); diff != "" {
 		t.Errorf("ParsePrometheus mismatch (-want +got):\n%s", diff)
 	}
 	if _, err := ParsePrometheus("go_goroutines 8\n"); !errors.Is(err, ErrNoSGLangMetrics) {

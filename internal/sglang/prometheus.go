@@ -39,57 +39,124 @@ type Sample struct {
 }
 
 // ParsePrometheus reads SGLang's /metrics text and returns the serving state
-// it shows. With tensor parallelism every rank exports its own series; the
-// tp_rank="0" series wins, else the first one. Malformed lines are skipped:
-// a scrape is evidence, not a contract.
+// it shows. Malformed lines are skipped: a scrape is evidence, not a contract.
+//
+// Every scheduler exports its own series, labelled tp_rank, pp_rank,
+// moe_ep_rank and, with DP attention, dp_rank. Within one DP rank the lowest
+// (pp, tp, ep) series speaks for it (the others repeat it). Across DP ranks
+// the figures combine: requests, tokens and generation throughput add up
+// (each rank decodes its own batch), usages take the fullest rank, rates the
+// mean. sglang:spec_accept_length and spec_accept_rate are exported as 0
+// when speculative decoding is off (and before the first verify step): an
+// accept length is at least 1 whenever it was measured, so 0 reads as "no
+// speculative decoding", nil, never as an accept rate of 0.
 func ParsePrometheus(text string) (Metrics, error) {
-	samples := ParseExposition(text)
-	chosen := map[string]Sample{}
-	for _, s := range samples {
-		if !strings.HasPrefix(s.Name, "sglang:") {
+	type pick struct {
+		s   Sample
+		key [3]int
+	}
+	// name -> dp_rank -> the lead series of that rank.
+	byName := map[string]map[string]pick{}
+	for _, s := range ParseExposition(text) {
+		if !strings.HasPrefix(s.Name, "sglang:") || math.IsNaN(s.Value) {
 			continue
 		}
-		prev, seen := chosen[s.Name]
-		if !seen || (prev.Labels["tp_rank"] != "0" && s.Labels["tp_rank"] == "0") {
-			chosen[s.Name] = s
+		ranks := byName[s.Name]
+		if ranks == nil {
+			ranks = map[string]pick{}
+			byName[s.Name] = ranks
+		}
+		dp := s.Labels["dp_rank"]
+		k := [3]int{rankLabel(s.Labels["pp_rank"]), rankLabel(s.Labels["tp_rank"]), rankLabel(s.Labels["moe_ep_rank"])}
+		if prev, seen := ranks[dp]; !seen || less(k, prev.key) {
+			ranks[dp] = pick{s, k}
 		}
 	}
-	if len(chosen) == 0 {
+	if len(byName) == 0 {
 		return Metrics{}, fmt.Errorf("parse sglang metrics: %w", ErrNoSGLangMetrics)
 	}
-	var m Metrics
-	get := func(name string) (float64, bool) {
-		s, ok := chosen[name]
-		if !ok || math.IsNaN(s.Value) {
+	combine := func(name string, how combiner) (float64, bool) {
+		ranks, ok := byName[name]
+		if !ok || len(ranks) == 0 {
 			return 0, false
 		}
-		return s.Value, true
+		var v float64
+		first := true
+		for _, p := range ranks {
+			x := p.s.Value
+			switch {
+			case first:
+				v = x
+			case how == sumOf:
+				v += x
+			case how == maxOf:
+				v = math.Max(v, x)
+			case how == meanOf:
+				v += x
+			}
+			first = false
+		}
+		if how == meanOf {
+			v /= float64(len(ranks))
+		}
+		return v, true
 	}
+	var m Metrics
 	setI := func(dst **int, name string) {
-		if v, ok := get(name); ok && !math.IsInf(v, 0) && math.Abs(v) < 1<<53 {
+		if v, ok := combine(name, sumOf); ok && !math.IsInf(v, 0) && math.Abs(v) < 1<<53 {
 			n := int(v)
 			*dst = &n
 		}
 	}
-	setF := func(dst **float64, name string) {
-		if v, ok := get(name); ok {
+	setF := func(dst **float64, name string, how combiner) {
+		if v, ok := combine(name, how); ok {
 			*dst = &v
 		}
 	}
 	setI(&m.RunningReqs, MetricRunningReqs)
 	setI(&m.QueueReqs, MetricQueueReqs)
 	setI(&m.Tokens, MetricUsedTokens)
-	setF(&m.TokenUsage, MetricTokenUsage)
-	setF(&m.MambaUsage, MetricMambaUsage)
-	setF(&m.SWATokenUsage, MetricSWATokenUsage)
-	setF(&m.GenThroughput, MetricGenThroughput)
-	setF(&m.CacheHitRate, MetricCacheHitRate)
-	setF(&m.AcceptLen, MetricSpecAcceptLength)
-	setF(&m.AcceptRate, MetricSpecAcceptRate)
-	setF(&m.PromptTokens, MetricPromptTokens)
-	setF(&m.GenerationTokens, MetricGenerationTokens)
-	setF(&m.Requests, MetricRequests)
+	setF(&m.TokenUsage, MetricTokenUsage, maxOf)
+	setF(&m.MambaUsage, MetricMambaUsage, maxOf)
+	setF(&m.SWATokenUsage, MetricSWATokenUsage, maxOf)
+	setF(&m.GenThroughput, MetricGenThroughput, sumOf)
+	setF(&m.CacheHitRate, MetricCacheHitRate, meanOf)
+	setF(&m.AcceptLen, MetricSpecAcceptLength, meanOf)
+	setF(&m.AcceptRate, MetricSpecAcceptRate, meanOf)
+	if m.AcceptLen == nil || *m.AcceptLen == 0 {
+		m.AcceptLen, m.AcceptRate = nil, nil
+	}
+	setF(&m.PromptTokens, MetricPromptTokens, sumOf)
+	setF(&m.GenerationTokens, MetricGenerationTokens, sumOf)
+	setF(&m.Requests, MetricRequests, sumOf)
 	return m, nil
+}
+
+// combiner says how one figure of several DP ranks becomes the server's.
+type combiner int
+
+const (
+	sumOf combiner = iota
+	maxOf
+	meanOf
+)
+
+// rankLabel reads a rank label; absent or malformed sorts first.
+func rankLabel(v string) int {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
+func less(a, b [3]int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return false
 }
 
 // ParseExposition parses the Prometheus text format into samples, skipping

@@ -1,0 +1,122 @@
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/agent-dev/agent/internal/atomicfile"
+)
+
+// List returns the addresses that have a record, sorted: everything this agent manages
+// on the host. A resource whose address is not in the plan is an orphan (agent/orphans.go).
+func (s *Store) List() ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "resources"))
+	if err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		addr, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !e.Type().IsRegular() || !addrRE.MatchString(addr) {
+			continue
+		}
+		out = append(out, addr)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Has reports whether addr has a record.
+func (s *Store) Has(addr string) (bool, error) {
+	p, err := s.path(addr)
+	if err != nil {
+		return false, err
+	}
+	_, err = os.Lstat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// ErrMoveTargetExists is returned by Move when the new address already has a record: two
+// records would then describe one thing (two records naming one PID).
+var ErrMoveTargetExists = errors.New("the new address already has a record")
+
+// Move renames the record of from to to, atomically (one rename in one directory, then
+// the directory is synced): a `moved` block. The record's content (a server's PID,
+// generation and log paths) is kept as it is.
+func (s *Store) Move(from, to string) error {
+	pf, err := s.path(from)
+	if err != nil {
+		return err
+	}
+	pt, err := s.path(to)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(pt); err == nil {
+		return fmt.Errorf("move %s to %s: %w", from, to, ErrMoveTargetExists)
+	}
+	if err := os.Rename(pf, pt); err != nil {
+		return fmt.Errorf("move %s to %s: %w", from, to, err)
+	}
+	return atomicfile.SyncDir(filepath.Dir(pt))
+}
+
+// depsFile records, per address, what it depended on when it was last applied, so that
+// orphans (whose blocks are gone) are deleted dependents first.
+const depsFile = "deps.json"
+
+// LoadDeps reads the recorded dependencies; none is an empty map.
+func (s *Store) LoadDeps() (map[string][]string, error) {
+	m := map[string][]string{}
+	data, err := os.ReadFile(filepath.Join(s.dir, depsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", depsFile, err)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		// Only an order hint: a corrupt file costs the order among orphans, nothing else.
+		return map[string][]string{}, nil
+	}
+	return m, nil
+}
+
+// SaveDeps writes the recorded dependencies atomically.
+func (s *Store) SaveDeps(m map[string][]string) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(s.dir, depsFile), append(data, '\n'), 0o600)
+}
+
+// Addr is the address the record belongs to.
+func (r *Scoped) Addr() string { return r.addr }
+
+// Peer is the record of another resource of the same store, for checks that span records
+// (a server never adopts a process another record names).
+func (r *Scoped) Peer(addr string) *Scoped { return r.store.For(addr) }
+
+// Peers lists the other addresses with a record.
+func (r *Scoped) Peers() ([]string, error) {
+	all, err := r.store.List()
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, a := range all {
+		if a != r.addr {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}

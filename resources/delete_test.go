@@ -1,0 +1,213 @@
+package resources
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/fetch"
+	"github.com/agent-dev/agent/internal/incus"
+)
+
+// stepOf returns the step of addr in rep.
+func stepOf(t *testing.T, rep *agent.Report, addr string) *agent.Step {
+	t.Helper()
+	for _, st := range rep.Steps {
+		if st.Addr == addr {
+			return st
+		}
+	}
+	t.Fatalf("no step %s in %d steps", addr, len(rep.Steps))
+	return nil
+}
+
+// A server whose block left the plan is an orphan. With the reconcile loop's option
+// (OrphansByPlan) and no agent { prune = true }, it is reported and never deleted: the
+// process runs on, its record stays. With prune = true a plan that keeps no server
+// still refuses to delete them all, unless AllowDeleteAll; then the delete is the
+// verified stop, and the record goes.
+func TestServerOrphanPruneOffNeverDeletes(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	first := h.record()
+	noServer := func(prune bool) string {
+		return fmt.Sprintf("agent {\n  prune = %v\n}\nfile \"f\" {\n  path    = %q\n  content = \"x\\n\"\n}\n", prune, filepath.Join(h.dir, "f.txt"))
+	}
+	ctx := context.Background()
+	for range 2 { // the loop's passes: never a delete
+		rep := testEngine(t, h.dir, noServer(false), KindsFor(Host{}), h.store, agent.Options{Orphans: agent.OrphansByPlan}).Apply(ctx, nil)
+		st := stepOf(t, rep, "server.qwen")
+		if st.Err != nil || st.Applied || !st.Orphan || st.Diff.Action != agent.Delete || !slices.ContainsFunc(st.Diff.Warnings, func(w string) bool { return strings.Contains(w, "prune = true") }) {
+			t.Fatalf("orphan with prune off: %v applied=%v %+v", st.Err, st.Applied, st.Diff)
+		}
+		if r := h.record(); r.id() != first.id() || !alive(first.id()) {
+			t.Fatalf("prune off touched the orphan: %+v alive=%v", r, alive(first.id()))
+		}
+	}
+	stat := testEngine(t, h.dir, noServer(false), KindsFor(Host{}), h.store, agent.Options{}).Status(ctx)
+	if st := stepOf(t, stat, "server.qwen"); st.Status == nil || st.Status.Healthy || st.Status.Metrics["orphan"] != 1 {
+		t.Errorf("orphan status: %+v", st.Status)
+	}
+
+	// prune = true, but the plan keeps no server: refused.
+	rep := testEngine(t, h.dir, noServer(true), KindsFor(Host{}), h.store, agent.Options{}).Apply(ctx, nil)
+	if st := stepOf(t, rep, "server.qwen"); !errors.Is(st.Err, agent.ErrDeletesAll) || !alive(first.id()) {
+		t.Fatalf("delete of every server: %v, alive %v", st.Err, alive(first.id()))
+	}
+	rep = testEngine(t, h.dir, noServer(true), KindsFor(Host{}), h.store, agent.Options{AllowDeleteAll: true}).Apply(ctx, nil)
+	if st := stepOf(t, rep, "server.qwen"); st.Err != nil || !st.Applied || st.Diff.Action != agent.Delete {
+		t.Fatalf("pruned delete: %v %+v", st.Err, st.Diff)
+	}
+	if alive(first.id()) {
+		t.Error("the deleted orphan still runs")
+	}
+	if ok, _ := h.store.Has("server.qwen"); ok {
+		t.Error("the deleted orphan's record stays")
+	}
+	if _, err := os.Stat(filepath.Join(h.logs(), "qwen.1.log")); err != nil {
+		t.Errorf("its log: %v", err)
+	}
+}
+
+// A moved block keeps the record as it is: the same PID, start time and generation, no
+// restart, and the old address is no orphan.
+func TestServerMovedKeepsPIDAndGeneration(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	first := h.record()
+	renamed := strings.Replace(srvPlan, `server "qwen" {`, `server "qwen2" {`, 1) + "\nmoved {\n  from = server.qwen\n  to   = server.qwen2\n}\n"
+	vars := []string{"fake=" + fakeSGLang(t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}
+	ctx := context.Background()
+	plan := testEngine(t, h.dir, renamed, KindsFor(Host{}), h.store, agent.Options{Orphans: agent.OrphansDelete}, vars...).Plan(ctx)
+	if len(plan.Steps) != 1 || plan.Steps[0].MovedFrom != "server.qwen" || plan.Steps[0].Err != nil || plan.Steps[0].Diff.Action != agent.NoOp {
+		t.Fatalf("plan of a rename: %d steps, %+v", len(plan.Steps), plan.Steps[0])
+	}
+	rep := testEngine(t, h.dir, renamed, KindsFor(Host{}), h.store, agent.Options{Orphans: agent.OrphansDelete}, vars...).Apply(ctx, nil)
+	if st := rep.Steps[0]; len(rep.Steps) != 1 || st.Err != nil || st.Applied {
+		t.Fatalf("apply of a rename: %+v", st)
+	}
+	var moved serverRecord
+	if ok, err := h.store.Load("server.qwen2", &moved); !ok || err != nil {
+		t.Fatalf("no moved record: %v", err)
+	}
+	if ok, _ := h.store.Has("server.qwen"); ok {
+		t.Error("the old record stays")
+	}
+	if moved.id() != first.id() || moved.Generation != 1 || moved.LogPath != first.LogPath || !alive(first.id()) {
+		t.Errorf("moved record %+v, first %+v", moved, first)
+	}
+	// Put it back for the harness's cleanup.
+	if err := h.store.Move("server.qwen2", "server.qwen"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A container with ensure = "absent" is stopped and deleted, verified, on the private
+// incusd; an orphan container is deleted only while the instance is the one its record
+// names.
+func TestContainerEnsureAbsentAndOrphan(t *testing.T) {
+	h := newCtrHarness(t)
+	base := "  image = \"busybox\"\n  stop_timeout = \"5s\"\n"
+	h.apply(base)
+	if inst, _ := h.inst(); !inst.Running() {
+		t.Fatal("not running")
+	}
+	d := h.plan(base + "  ensure = \"absent\"\n")
+	if d.Action != agent.Delete || len(d.Changes) != 1 || d.Changes[0].Why() != agent.ReasonEnsureAbsent {
+		t.Fatalf("absent plan: %s %+v", d.Action, d.Changes)
+	}
+	h.apply(base + "  ensure = \"absent\"\n")
+	if _, _, err := h.d.Client.GetInstance(context.Background(), h.name); !incus.IsNotFound(err) {
+		t.Fatalf("instance after delete: %v", err)
+	}
+	if ok, _ := h.store.Has("container.c"); ok {
+		t.Error("record kept after the delete")
+	}
+
+	// Again, then the block leaves the plan: an orphan, deleted by its record.
+	h.apply(base)
+	src := fmt.Sprintf("variable \"incus_socket\" {}\nagent { incus_socket = var.incus_socket }\nfile \"f\" {\n  path = %q\n  content = \"x\"\n}\n", filepath.Join(h.dir, "f"))
+	e := testEngine(t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{Orphans: agent.OrphansDelete, StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
+	rep := e.Apply(context.Background(), nil)
+	if st := stepOf(t, rep, "container.c"); st.Err != nil || !st.Applied || st.Diff.Action != agent.Delete || st.Diff.Changes[0].Why() != agent.ReasonOrphan {
+		t.Fatalf("orphan delete: %v %+v", st.Err, st.Diff)
+	}
+	if _, _, err := h.d.Client.GetInstance(context.Background(), h.name); !incus.IsNotFound(err) {
+		t.Fatalf("orphan instance after delete: %v", err)
+	}
+}
+
+// A download with ensure = "absent" removes exactly the files its manifest lists: a
+// file the operator put in dest stays, and so does dest with it.
+func TestDownloadEnsureAbsentRemovesOnlyManifestFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dest := filepath.Join(dir, "m")
+	ctx := context.Background()
+	// The manifest is fetch's: place two verified files with it, from a loopback server.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, r.URL.Path, time.Time{}, strings.NewReader("data of "+r.URL.Path))
+	}))
+	defer srv.Close()
+	var files []fetch.File
+	for _, n := range []string{"a.bin", "sub/b.bin"} {
+		body := "data of /" + n
+		sum := sha256.Sum256([]byte(body))
+		files = append(files, fetch.File{Name: n, URL: srv.URL + "/" + n, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])})
+	}
+	if _, err := fetch.Fetch(ctx, files, fetch.Options{Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dest, "mine.txt"), []byte("the operator's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store := openStore(t, filepath.Join(dir, "state"))
+	src := fmt.Sprintf("download \"m\" {\n  ensure = \"absent\"\n  dest = %q\n  file \"a.bin\" {\n    url    = \"http://127.0.0.1:1/a\"\n    sha256 = \"%s\"\n  }\n}\n", dest, files[0].SHA256)
+	e := testEngine(t, dir, src, KindsFor(Host{}), store, agent.Options{})
+	st := e.Plan(ctx).Steps[0]
+	if st.Err != nil || st.Diff.Action != agent.Delete || len(st.Diff.Changes) != 2 {
+		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
+	}
+	if st = e.Apply(ctx, nil).Steps[0]; st.Err != nil || !st.Applied {
+		t.Fatalf("apply: %v", st.Err)
+	}
+	for _, n := range []string{"a.bin", "sub/b.bin", "sub", fetch.ManifestName} {
+		if _, err := os.Lstat(filepath.Join(dest, n)); !os.IsNotExist(err) {
+			t.Errorf("%s after the delete: %v", n, err)
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(dest, "mine.txt")); err != nil || string(data) != "the operator's" {
+		t.Errorf("the operator's file: %q %v", data, err)
+	}
+}
+
+// An orphan whose record cannot say what to delete (an older agent's download record
+// without dest) is left alone with a warning, and never fails the plan.
+func TestOldOrphanRecordLeftAlone(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store := openStore(t, filepath.Join(dir, "state"))
+	if err := store.Save("download.old", map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	src := fmt.Sprintf("file \"f\" {\n  path    = %q\n  content = \"x\"\n}\n", filepath.Join(dir, "f"))
+	rep := testEngine(t, dir, src, KindsFor(Host{}), store, agent.Options{Orphans: agent.OrphansDelete}).Plan(context.Background())
+	st := stepOf(t, rep, "download.old")
+	if st.Err != nil || st.Diff.Action != agent.NoOp || len(st.Diff.Warnings) != 1 || !strings.Contains(st.Diff.Warnings[0], "left alone") {
+		t.Fatalf("old orphan: %v %+v", st.Err, st.Diff)
+	}
+}

@@ -1,0 +1,216 @@
+package resources
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
+)
+
+// deletion is how a Server is deleted rather than run: the plan's ensure = "absent",
+// agent destroy, or an orphan (a record whose block left the plan). Each is the same
+// verified stop as a relaunch's: the group gone, the PID with its start time gone, the
+// GPU memory released, the port free.
+type deletion struct {
+	absent bool
+	why    agent.Reason // ensure_absent, destroy or orphan
+	// orphan: built from the record alone; the record is removed once the stop is
+	// verified (there is no block left to show its history). Otherwise the record stays,
+	// marked stopped, so status says when and by whom.
+	orphan bool
+}
+
+var _ agent.Ensurer = (*Server)(nil)
+
+// Absent reports whether the plan says ensure = "absent".
+func (s *Server) Absent() bool { return s.absent && s.why == agent.ReasonEnsureAbsent }
+
+// AsAbsent is the server as agent destroy deletes it.
+func (s *Server) AsAbsent() agent.Resource {
+	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port,
+		stopSignal: s.stopSignal, stopTimeout: s.stopTimeout, ready: lifecycle.Ready{Timeout: time.Second}, logDir: s.logDir,
+		deletion: deletion{absent: true, why: agent.ReasonDestroy}}
+}
+
+func (s *Server) bindEnsure(r *plans.Resource, ensure *string, bad func(hcl.Range, string, string)) {
+	switch e := deref(ensure); e {
+	case "", "present":
+	case "absent":
+		s.deletion = deletion{absent: true, why: agent.ReasonEnsureAbsent}
+	default:
+		bad(r.Range("ensure"), "Invalid ensure", fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e))
+	}
+}
+
+// orphanServer is the deleter of a server whose block left the plan, from its record
+// alone: where it runs, its process, its port, and the stop block it was launched with.
+// A record already stopped for good has nothing left to delete (nil).
+func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error) {
+	var rec serverRecord
+	has, err := st.Load(&rec)
+	if err != nil {
+		return nil, err
+	}
+	if !has || !rec.StoppedAt.IsZero() {
+		return nil, nil
+	}
+	_, name, _ := strings.Cut(addr, ".")
+	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port,
+		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout, ready: lifecycle.Ready{Timeout: time.Second},
+		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}
+	if c, ok := strings.CutPrefix(rec.Place, lifecycle.IncusPlace("")); ok {
+		s.container = c
+	}
+	if rec.StopSignal != 0 {
+		s.stopSignal = syscall.Signal(rec.StopSignal)
+	}
+	if rec.StopTimeout > 0 {
+		s.stopTimeout = rec.StopTimeout
+	}
+	return s, nil
+}
+
+// checkAbsent plans the verified stop of what the record names. Nothing recorded, or a
+// record stopped for good, is a no-op. A recorded process already dead is still a
+// delete: the stop proves that nothing of its group holds the port or GPU memory.
+func (s *Server) checkAbsent(env *agent.Env) (*agent.Diff, error) {
+	var rec serverRecord
+	has, err := env.State.Load(&rec)
+	if err != nil {
+		return nil, err
+	}
+	if has && rec.Pending != nil {
+		if has, err = s.recoverPending(env, &rec); err != nil {
+			return nil, err
+		}
+	}
+	if !has || !rec.StoppedAt.IsZero() {
+		return agent.NoChange(), nil
+	}
+	alive, err := s.host.Proc.Alive(rec.id())
+	if err != nil {
+		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
+	}
+	what := fmt.Sprintf("pid %d, generation %d", rec.PID, rec.Generation)
+	if !alive {
+		what = fmt.Sprintf("pid %d (generation %d) is gone; what is left of its group is stopped", rec.PID, rec.Generation)
+	}
+	if rec.Adopted {
+		what += " (adopted)"
+	}
+	d := &agent.Diff{Detail: &serverDetail{prev: &rec, stop: true}}
+	d.Add(agent.Removed("process", agent.Raw(what)).Because(agent.Deletes, s.why))
+	if rec.Port > 0 {
+		d.Add(agent.Removed("port", rec.Port).Because(agent.Deletes, s.why))
+	}
+	return d.Derive(), nil
+}
+
+// applyAbsent stops the recorded launch, verified, where it runs, then marks the record
+// stopped (or removes an orphan's).
+func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDetail) error {
+	rec := det.prev
+	if rec == nil {
+		return nil
+	}
+	lc, err := s.lifecycleAt(ctx, env, rec.Place)
+	if err != nil {
+		return err
+	}
+	rep, err := lc.Stop(ctx, rec.target(), s.stopSignal, s.stopTimeout, rec.Port)
+	if err != nil {
+		return fmt.Errorf("stop generation %d (pid %d): %w", rec.Generation, rec.PID, err)
+	}
+	env.Log.Info("stopped for good", "generation", rec.Generation, "pid", rec.PID, "reason", string(s.why), "result", lifecycle.Summary(rep))
+	if s.orphan {
+		return env.State.Delete()
+	}
+	rec.StoppedAt, rec.StoppedBy = env.Now().UTC(), "agent ("+s.why.Describe()+")"
+	rec.UnreadySince, rec.Pending = time.Time{}, nil
+	return env.State.Save(rec)
+}
+
+// absentStatus is the status of a server the agent stopped for good, or that the plan
+// wants absent.
+func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*agent.Status, error) {
+	st := &agent.Status{Healthy: s.absent, Metrics: map[string]float64{"up": 0, "ready": 0, "generation": float64(rec.Generation)}}
+	field := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
+	switch {
+	case !has:
+		st.Summary = "absent: nothing recorded, nothing launched by this agent"
+		return st, nil
+	case rec.StoppedAt.IsZero():
+		alive, err := s.host.Proc.Alive(rec.id())
+		if err != nil {
+			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
+		}
+		st.Healthy = false
+		if alive {
+			st.Metrics["up"] = 1
+			st.Summary = fmt.Sprintf("running (pid %d, generation %d), but the plan says ensure = \"absent\": agent apply stops it", rec.PID, rec.Generation)
+		} else {
+			st.Summary = fmt.Sprintf("pid %d (generation %d) is gone; agent apply verifies the stop", rec.PID, rec.Generation)
+		}
+		field("pid", strconv.Itoa(rec.PID))
+		field("generation", strconv.Itoa(rec.Generation))
+		return st, nil
+	}
+	by := rec.StoppedBy
+	if by == "" {
+		by = "agent"
+	}
+	st.Summary = fmt.Sprintf("stopped at %s by the %s; generation %d was the last", rec.StoppedAt.Local().Format("2006-01-02 15:04:05"), by, rec.Generation)
+	if !s.absent {
+		st.Summary += "; agent apply launches it again"
+	}
+	field("stopped", fmt.Sprintf("%s (%s ago)", rec.StoppedAt.Local().Format("2006-01-02 15:04:05"), age(env.Now().Sub(rec.StoppedAt))))
+	field("last pid", strconv.Itoa(rec.PID))
+	field("generation", strconv.Itoa(rec.Generation))
+	if rec.LogPath != "" {
+		field("log", rec.LogPath)
+	}
+	return st, nil
+}
+
+// recordedElsewhere names another server record (not stopped) that holds the process
+// st: a server never adopts what another record names, so two records never name one PID.
+func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
+	peers, err := env.State.Peers()
+	if err != nil {
+		return ""
+	}
+	for _, addr := range peers {
+		if !strings.HasPrefix(addr, "server.") {
+			continue
+		}
+		var rec serverRecord
+		if ok, err := env.State.Peer(addr).Load(&rec); err != nil || !ok {
+			continue
+		}
+		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
+			return addr
+		}
+	}
+	return ""
+}
+
+// leftAlone is an orphan whose record cannot say what to delete (written by an older
+// agent): observed as a no-op with a warning that names the fix, so that one old record
+// never fails every plan.
+type leftAlone struct{ why string }
+
+func (l leftAlone) Check(context.Context, *agent.Env) (*agent.Diff, error) {
+	return &agent.Diff{Action: agent.NoOp, Warnings: []string{l.why}}, nil
+}
+
+func (l leftAlone) Apply(context.Context, *agent.Env, *agent.Diff) error { return nil }
