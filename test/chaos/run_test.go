@@ -223,7 +223,15 @@ func TestChaosRun(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			fail("agent run did not converge within 2 minutes after %d kills: %+v\n%s", kills, doc, out)
+			var standing []string
+			for _, r := range doc.Resources {
+				line := r.Address + ": " + r.Error
+				if r.Status != nil {
+					line += fmt.Sprintf(" (healthy %v: %s)", r.Status.Healthy, r.Status.Summary)
+				}
+				standing = append(standing, line)
+			}
+			fail("agent run did not converge within 2 minutes after %d kills:\n%s\n%s", kills, strings.Join(standing, "\n"), out)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
