@@ -215,6 +215,7 @@ func (e *Engine) timeout(addr string) time.Duration {
 // resource cannot take the agent (and every other resource's apply) down with it.
 func (e *Engine) guard(ctx context.Context, addr, what string, fn func(ctx context.Context) error) (err error) {
 	limit := e.timeout(addr)
+	notePhase(ctx, addr, what, limit)
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	defer func() {
@@ -500,34 +501,7 @@ func describe(d *Diff) string {
 func (e *Engine) Status(ctx context.Context) *Report {
 	rep, byAddr := e.newReport()
 	e.each(ctx, func(ctx context.Context, addr string) {
-		st := byAddr[addr]
-		start := time.Now()
-		defer func() { st.Duration = time.Since(start) }()
-		if st.Orphan {
-			e.orphanStatus(ctx, st)
-			return
-		}
-		if s, ok := e.resources[addr].(Statuser); ok {
-			st.Err = e.guard(ctx, addr, "status", func(ctx context.Context) error {
-				var err error
-				st.Status, err = s.Status(ctx, e.env(addr))
-				return err
-			})
-			if st.Err != nil {
-				st.Err = withAddr(addr, "status", st.Err)
-			}
-			return
-		}
-		d, err := e.check(ctx, addr)
-		st.Diff, st.Err = d, err
-		if err != nil {
-			return
-		}
-		if d.Action == NoOp {
-			st.Status = &Status{Healthy: true, Summary: "matches the plan"}
-		} else {
-			st.Status = &Status{Healthy: false, Summary: "drift: " + describe(d)}
-		}
+		*byAddr[addr] = *e.StatusOf(ctx, addr, nil)
 	})
 	return rep
 }

@@ -162,3 +162,19 @@ type Field struct {
 	Name  string `json:"name"`
 	Value string `json:"value"`
 }
+
+// Watcher is implemented by resources that can notice cheaply, between observations,
+// that what they last verified may no longer hold: a launched server's process exited.
+// The reconcile loop watches a resource after each verified reconcile and observes it
+// again as soon as Watch returns, instead of at its next resync, so a crashed server is
+// relaunched in seconds. Watch is a hint, never a verdict: the loop always decides from
+// a fresh Check.
+type Watcher interface {
+	// Watch blocks until the resource may have changed or ctx ends, and returns nil
+	// then. It returns ErrNothingToWatch at once when there is nothing to watch (no
+	// recorded process): the loop then relies on its resync interval alone.
+	Watch(ctx context.Context, env *Env) error
+}
+
+// ErrNothingToWatch is returned by Watch when the resource has nothing to watch.
+var ErrNothingToWatch = errors.New("nothing to watch")

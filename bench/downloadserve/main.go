@@ -1,6 +1,7 @@
 // Command downloadserve serves a directory on a loopback address for bench/download.sh:
 // http.FileServer (ranges, ETag-less, Last-Modified), plus GET /_stats with the body bytes
-// sent so far, so the benchmark can measure what a resume fetched again.
+// sent so far, so the benchmark can measure what a resume fetched again. -rate throttles
+// each response (bench/repair.sh: a download in flight while a server is repaired).
 package main
 
 import (
@@ -11,23 +12,42 @@ import (
 	"net/http"
 	"os"
 	"sync/atomic"
+	"time"
 )
 
 type countingWriter struct {
 	http.ResponseWriter
-	n *atomic.Int64
+	n    *atomic.Int64
+	rate int64 // bytes per second; 0: as fast as it goes
 }
 
 func (c countingWriter) Write(p []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(p)
-	c.n.Add(int64(n))
-	return n, err
+	if c.rate <= 0 {
+		n, err := c.ResponseWriter.Write(p)
+		c.n.Add(int64(n))
+		return n, err
+	}
+	const chunk = 32 << 10
+	total := 0
+	for len(p) > 0 {
+		k := min(len(p), chunk)
+		n, err := c.ResponseWriter.Write(p[:k])
+		c.n.Add(int64(n))
+		total += n
+		if err != nil {
+			return total, err
+		}
+		p = p[k:]
+		time.Sleep(time.Duration(int64(time.Second) * chunk / c.rate))
+	}
+	return total, nil
 }
 
 func main() {
 	dir := flag.String("dir", ".", "directory to serve")
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
 	portFile := flag.String("port-file", "", "write the chosen port here")
+	rate := flag.Int64("rate", 0, "bytes per second per response (0: unthrottled)")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -46,6 +66,6 @@ func main() {
 			fmt.Fprintf(w, "%d\n", sent.Load())
 			return
 		}
-		fs.ServeHTTP(countingWriter{w, &sent}, r)
+		fs.ServeHTTP(countingWriter{w, &sent, *rate}, r)
 	})))
 }

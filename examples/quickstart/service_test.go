@@ -121,8 +121,8 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 			}
 		}
 	}
-	waitNote("READY=1")   // the service is up; the first pass runs
-	waitNote("pass 1 at") // and is done
+	waitNote("READY=1")                                    // the service is up; the first reconciles run
+	waitNote("STATUS=3 resources: 3 converged, 0 failing") // and are done
 	first, err := readRecord(record)
 	if err != nil || !alive(first.PID) || first.Generation != 1 {
 		t.Fatalf("after the first pass: %+v, %v", first, err)
@@ -163,7 +163,7 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 			t.Errorf("%s = %d: %s", path, code, body)
 		}
 	}
-	series := []string{"agent_reconcile_passes_total", `agent_resource_healthy{name="server.qwen"} 1`, "agent_plan_valid 1",
+	series := []string{`agent_reconciles_total{resource="server.qwen"}`, `agent_time_to_repair_seconds_count{resource="server.qwen"} 2`, `agent_resource_healthy{name="server.qwen"} 1`, "agent_plan_valid 1",
 		`agent_server_up{name="qwen"} 1`, `agent_server_ready{name="qwen"} 1`, `agent_server_generation{name="qwen"} 2`,
 		`agent_server_restarts{name="qwen"} 1`, `agent_server_accept_rate{name="qwen"} 0.97`}
 	var missing []string
@@ -182,6 +182,18 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 	out, err := exec.Command(agentBin, append([]string{"status", "quickstart.hcl"}, vars...)...).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "(from agent run at "+listen+")") || !strings.Contains(string(out), "server.qwen: running, ready, generation 2") {
 		t.Errorf("agent status while agent run runs: %v\n%s", err, out)
+	}
+
+	// A manual apply or plan while the loop holds the host is refused at once (whatever
+	// --lock-timeout says), naming the daemon and what to do, instead of fighting it.
+	for _, c := range []string{"apply", "plan"} {
+		began := time.Now()
+		out, err := exec.Command(agentBin, append([]string{c, "quickstart.hcl", "--lock-timeout", "1m"}, vars...)...).CombinedOutput()
+		want := fmt.Sprintf("(PID %d, since ", cmd.Process.Pid)
+		if err == nil || !strings.Contains(string(out), "agent run manages this host") || !strings.Contains(string(out), want) ||
+			!strings.Contains(string(out), "edit the plan it runs") || time.Since(began) > 30*time.Second {
+			t.Errorf("agent %s while agent run holds the host: %v after %s\n%s", c, err, time.Since(began), out)
+		}
 	}
 
 	// SIGTERM stops the agent, never the server it manages.

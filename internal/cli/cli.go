@@ -236,7 +236,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return fail(err)
 	}
 	if cmd != "status" {
-		lock, err := store.Acquire(ctx, o.lockTimeout, "agent "+cmd+" "+pos[0])
+		lock, err := acquireLock(ctx, store, o.lockTimeout, cmd, pos[0])
 		if err != nil {
 			return fail(err)
 		}

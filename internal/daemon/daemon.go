@@ -2,14 +2,20 @@
 // systemd notification, per-resource backoff, and Prometheus metrics and live status on a
 // loopback HTTP endpoint.
 //
-// The loop is level-based (controller-runtime's model): every pass compares the plan with
-// the host afresh and never trusts a remembered event. A pass runs at start, every
-// interval, when a plan file changes (debounced) and on SIGHUP. A plan that stops parsing
-// is reported and the last good plan keeps running; nothing the old plan built is torn
-// down. Each resource that fails waits an exponential backoff (capped, reset on success)
-// before it is tried again, so one broken server neither blocks the others nor spins; a
-// terminal error waits until the plan changes. Stopping the agent never stops what it
-// manages.
+// The loop reconciles each resource on its own clock (controller-runtime's model): a
+// work queue keyed by resource address feeds a few workers; each reconcile observes the
+// host afresh (never trusting a remembered event), acts, and verifies. A resource is
+// queued at start, at its own resync interval, when the plan changes, when a dependency
+// converges, and the moment its Watcher notices a change (a launched server's process
+// exited), so a crashed server is relaunched in seconds whatever else runs: a 52 GB
+// download or a driver install holds only the resources that depend on it. A resource
+// acts only when each of its dependencies last verified converged. One that fails waits
+// a jittered exponential backoff (capped, reset once it has been stable for a while), so
+// a crash loop neither spins nor blocks the others; a terminal error waits until the
+// plan changes or the host moves under it. A plan that stops parsing is reported and the
+// last good plan keeps running; nothing the old plan built is torn down. The daemon
+// holds the state lock for its whole life, so a manual `agent apply` cannot fight it.
+// Stopping the agent never stops what it manages.
 package daemon
 
 import (
@@ -39,13 +45,25 @@ import (
 	"github.com/agent-dev/agent/plans"
 )
 
-// Defaults of the agent block.
+// Defaults of the agent block and of the loop.
 const (
 	DefaultInterval = 30 * time.Second
 	DefaultListen   = "127.0.0.1:9464"
-	backoffMin      = 5 * time.Second
-	backoffMax      = 10 * time.Minute
-	debounce        = 500 * time.Millisecond
+	// DefaultBackoffMin and DefaultBackoffMax bound a failing resource's wait.
+	DefaultBackoffMin = 5 * time.Second
+	DefaultBackoffMax = 10 * time.Minute
+	// DefaultStable is how long a resource must stay verified before its failure count
+	// resets: a server that dies a minute after each verified launch is a crash loop,
+	// and each relaunch waits longer.
+	DefaultStable = 2 * time.Minute
+	// DefaultStuckGrace is how long a step may run past its own timeout before the
+	// watchdog and /healthz call the loop stuck.
+	DefaultStuckGrace = time.Minute
+	debounce          = 500 * time.Millisecond
+	// historyLen is how many failures a resource's status keeps (each generation's quote).
+	historyLen = 5
+	// watchRefire is the least time between two reconciles a Watcher triggers.
+	watchRefire = time.Second
 )
 
 // Config is what Run needs. Load returns the plan bound to Kinds (diagnostics on error).
@@ -55,21 +73,26 @@ type Config struct {
 	Kinds    []agent.Kind
 	// StateDir overrides the plan's agent.state_dir.
 	StateDir string
-	// Interval and Listen override the plan's agent block when set.
+	// Interval and Listen override the plan's agent block when set. The interval is each
+	// resource's resync period.
 	Interval time.Duration
 	Listen   string
-	// Engine options for every pass (Parallelism, HostOverride, Log…); Hold is set by Run.
+	// Engine options (Parallelism: the number of workers, HostOverride, Log…); Hold is
+	// set by Run.
 	Engine   agent.Options
 	Log      *slog.Logger
 	Notifier *sdnotify.Notifier
-	// LockTimeout bounds the wait for an operator's plan/apply to finish before a pass is
-	// skipped (default: the interval).
+	// LockTimeout bounds the wait at start for an operator's command that holds the
+	// state lock; past it Run fails (systemd restarts it). Zero waits as long as it takes.
 	LockTimeout time.Duration
 	// Ready, when not nil, receives the listen address once the HTTP endpoint is up.
 	Ready func(addr string)
-	// StopGrace bounds how long the step in flight may run after SIGTERM (default 90 s,
-	// under the unit's TimeoutStopSec): no new step starts, the current one finishes.
+	// StopGrace bounds how long the steps in flight may run after SIGTERM (default 90 s,
+	// under the unit's TimeoutStopSec): no new step starts, the current ones finish.
 	StopGrace time.Duration
+	// BackoffMin, BackoffMax, Stable and StuckGrace tune the loop (the Default* values
+	// when zero); tests shorten them.
+	BackoffMin, BackoffMax, Stable, StuckGrace time.Duration
 }
 
 // Daemon is a running reconcile loop.
@@ -79,34 +102,78 @@ type Daemon struct {
 	redact  *agent.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  *sdnotify.Notifier
 	metrics *metrics
+	queue   *workQueue
+	// work is the workers' context: it ends only after the stop grace.
+	work context.Context
 
-	// stopping is set on SIGTERM: resources not yet started in the pass are held back.
+	// stopping is set on SIGTERM: no new step starts.
 	stopping atomic.Bool
 
 	mu       sync.Mutex
 	plan     *plans.Plan
 	planHash [32]byte
 	store    *state.Store
-	backoff  map[string]*backoffState
-	lastPass time.Time
-	// passDeadline is when the pass in flight has run past its budget (zero between
-	// passes): until then a long pass is working, not stuck.
-	passDeadline time.Time
-	passes       int
-	lastErr      string // the last plan load error, reported while the old plan runs
+	eng      *agent.Engine // the loop's engine: one per accepted plan, its clients reused
+	engGen   int           // counts accepted plans: results of an older engine are stale
+	res      map[string]*resState
+	running  bool      // the state lock is held and the workers run
+	waiting  string    // why the loop does not run yet (the lock's holder)
+	lastErr  string    // the last plan load error, reported while the old plan runs
+	summary  string    // the last STATUS= sent
+	reloaded time.Time // when the current plan was accepted
 }
 
-type backoffState struct {
+// resState is what the loop knows of one resource, carried across reloads by address.
+type resState struct {
+	// step is the last reconcile's outcome (Err: a failure, a hold, or a wait for a
+	// dependency); status is the last status observation after it.
+	step, status *agent.Step
+	// converged: the last reconcile, by the engine of generation gen, verified it.
+	converged bool
+	gen       int
+	done      time.Time // when the last reconcile ended
+
+	// Backoff.
 	failures int
 	until    time.Time
 	terminal bool
-	lastErr  string
+	holdSeen string    // a terminal hold's observation; another one lifts the hold
+	verified time.Time // verified converged continuously since (zero: not converged)
+	history  []failure // the last failures, oldest first
+
+	// Repair.
+	downSince time.Time // first found not converged (zero while converged)
+	repairs   int
+	lastFire  time.Time // the watch's last trigger
+
+	// In flight.
+	inFlight   bool
+	phase      string
+	phaseStart time.Time
+	phaseLimit time.Duration
+
+	watchID     int
+	watchCancel context.CancelFunc
+}
+
+type failure struct {
+	at  time.Time
+	err string
+}
+
+// stopWatch cancels the resource's watch, if any.
+func (rs *resState) stopWatch() {
+	if rs.watchCancel != nil {
+		rs.watchCancel()
+		rs.watchCancel = nil
+	}
 }
 
 // Run runs the loop until ctx ends or SIGTERM/SIGINT arrives. It fails at once when the
 // first plan is invalid (there is no last good plan to keep).
 func Run(ctx context.Context, cfg Config) error {
-	d := &Daemon{cfg: cfg, log: cfg.Log, notify: cfg.Notifier, backoff: map[string]*backoffState{}, metrics: newMetrics()}
+	d := &Daemon{cfg: cfg, log: cfg.Log, notify: cfg.Notifier, res: map[string]*resState{}, queue: newWorkQueue()}
+	d.metrics = newMetrics(d)
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -124,23 +191,10 @@ func Run(ctx context.Context, cfg Config) error {
 	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	// Work runs under its own context: a signal stops new steps at once (stopping), and
-	// cancels the step in flight only after the grace period.
+	// cancels the steps in flight only after the grace period.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	grace := cfg.StopGrace
-	if grace <= 0 {
-		grace = 90 * time.Second
-	}
-	go func() {
-		<-sigCtx.Done()
-		d.stopping.Store(true)
-		select {
-		case <-time.After(grace):
-			d.log.Warn("the step in flight did not finish within the stop grace period; interrupting it", "grace", grace.String())
-			cancelWork()
-		case <-work.Done():
-		}
-	}()
+	d.work = work
 	ctx = sigCtx
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -154,87 +208,220 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Ready != nil {
 		cfg.Ready(addr)
 	}
+
+	// READY as soon as the endpoint serves: the first reconciles may take as long as a
+	// 52 GB download, far past systemd's start timeout. STATUS= says what is going on.
+	d.notify.Ready("starting")
+	lock, err := d.acquire(ctx)
+	if err != nil {
+		d.notify.Stopping()
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
+		return err
+	}
+	defer lock.Release()
+	if err := d.eng.Prepare(ctx); err != nil {
+		d.notify.Stopping()
+		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
+	}
 	changed, closeWatch := d.watch(ctx)
 	defer closeWatch()
 	go d.watchdog(ctx)
 
-	// READY before the first pass: the service is up (the endpoint serves, the loop
-	// runs), and a first pass may take as long as a 52 GB download, far past systemd's
-	// start timeout. STATUS= says when each pass is done.
-	d.notify.Ready("first pass running")
-	d.pass(work)
-	d.notify.Ready(d.summary())
+	workers := cfg.Engine.Parallelism
+	if workers < 1 {
+		workers = agent.DefaultParallelism
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.worker()
+		}()
+	}
+	d.mu.Lock()
+	d.running = true
+	for _, a := range d.eng.Addrs() {
+		d.queue.Add(a)
+	}
+	d.mu.Unlock()
+	d.publish()
+
 	for {
-		timer := time.NewTimer(d.interval())
-		reload := false
 		select {
 		case <-ctx.Done():
-			timer.Stop()
-			d.notify.Stopping()
-			d.log.Info("stopping; managed servers keep running")
+			d.shutdown(&wg, cancelWork)
 			return nil
-		case <-timer.C:
 		case <-hup:
-			reload = true
 			d.log.Info("SIGHUP: reloading the plan")
 		case <-changed:
-			reload = true
 			d.log.Info("plan file changed: reloading")
 		}
-		timer.Stop()
-		if reload {
-			d.notify.Reloading()
-			if err := d.reload(); err != nil {
-				d.log.Error("the new plan is invalid; the last good plan keeps running", "error", err)
-			}
+		// A reload never waits for the steps in flight: the new plan is in place at
+		// once (each resource in flight is reconciled again under it when its step
+		// ends), so READY=1 follows RELOADING=1 right away.
+		d.notify.Reloading()
+		if err := d.reload(); err != nil {
+			d.log.Error("the new plan is invalid; the last good plan keeps running", "error", err)
 		}
-		if ctx.Err() != nil {
-			continue // stopping: the top of the loop says goodbye
-		}
-		d.pass(work)
-		d.notify.Ready(d.summary())
+		d.notify.Ready(d.summaryLine())
 	}
 }
 
-// reload loads the plan; on success it replaces the current one and, when it changed,
-// clears the backoff (a terminal error waits for exactly this).
+// shutdown stops the loop: nothing new starts, the steps in flight get the grace period,
+// then their context ends.
+func (d *Daemon) shutdown(wg *sync.WaitGroup, cancelWork context.CancelFunc) {
+	d.stopping.Store(true)
+	d.notify.Stopping()
+	d.log.Info("stopping; managed servers keep running")
+	d.queue.ShutDown()
+	d.mu.Lock()
+	for _, rs := range d.res {
+		rs.stopWatch()
+	}
+	d.mu.Unlock()
+	grace := d.cfg.StopGrace
+	if grace <= 0 {
+		grace = 90 * time.Second
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		d.log.Warn("the steps in flight did not finish within the stop grace period; interrupting them", "grace", grace.String())
+		cancelWork()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// acquire takes the state lock for the daemon's life, waiting as long as an operator's
+// command holds it. Holding it for good (not per reconcile) is what keeps a manual
+// `agent apply` from fighting the loop: such a command is refused at once, with a
+// message naming this daemon (docs/service.md).
+func (d *Daemon) acquire(ctx context.Context) (*state.Lock, error) {
+	d.mu.Lock()
+	store := d.store
+	d.mu.Unlock()
+	began := time.Now()
+	for {
+		lock, err := store.Acquire(ctx, 0, DaemonCommand+" "+d.cfg.PlanPath)
+		if err == nil {
+			d.mu.Lock()
+			d.waiting = ""
+			d.mu.Unlock()
+			return lock, nil
+		}
+		var le *state.LockedError
+		if !errors.As(err, &le) {
+			d.log.Error("cannot take the state lock; retrying", "error", err)
+		}
+		d.mu.Lock()
+		first := d.waiting == ""
+		d.waiting = err.Error()
+		d.mu.Unlock()
+		if first {
+			d.log.Warn("waiting for the state lock", "error", err)
+			d.notify.Status("waiting: " + err.Error())
+		}
+		if d.cfg.LockTimeout > 0 && time.Since(began) > d.cfg.LockTimeout {
+			return nil, fmt.Errorf("%w (waited --lock-timeout %s)", err, d.cfg.LockTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// DaemonCommand starts the lock holder's description of a running loop: other commands
+// recognise the daemon by it.
+const DaemonCommand = "agent run"
+
+// reload loads the plan; on success it builds the loop's engine for it and queues every
+// resource. A changed plan lifts every hold (backoff, terminal errors wait for exactly
+// this); the same plan keeps the engine and the holds.
 func (d *Daemon) reload() error {
 	p, diags := d.cfg.Load()
 	if diags.HasErrors() {
-		msg := diags.Error()
-		d.mu.Lock()
-		d.lastErr = msg
-		d.mu.Unlock()
-		d.metrics.planValid.Set(0)
-		return fmt.Errorf("plan %s: %s", d.cfg.PlanPath, msg)
+		return d.rejected(fmt.Errorf("plan %s: %s", d.cfg.PlanPath, diags.Error()))
 	}
 	h := planHash(p)
+	d.mu.Lock()
+	same := d.eng != nil && h == d.planHash
+	d.mu.Unlock()
+	if same {
+		d.mu.Lock()
+		d.lastErr = ""
+		d.mu.Unlock()
+		d.metrics.planValid.Set(1)
+		return nil
+	}
 	dir := d.cfg.StateDir
 	if dir == "" {
 		dir = p.Agent.StateDir
 	}
 	store, err := state.Open(dir)
 	if err != nil {
-		return err
+		return d.rejected(err)
+	}
+	d.mu.Lock()
+	old := d.store
+	d.mu.Unlock()
+	if old != nil && old.Dir() != store.Dir() {
+		return d.rejected(fmt.Errorf("plan %s: agent.state_dir changed from %s to %s: the loop holds the old one's lock; restart the agent (systemctl restart agent) to move it", d.cfg.PlanPath, old.Dir(), store.Dir()))
 	}
 	// What loads may still not run (a --target that is gone, the host guard): such a
 	// plan must not replace the last good one either.
-	if _, err := agent.New(p, d.cfg.Kinds, store, d.engineOptions()); err != nil {
-		d.mu.Lock()
-		d.lastErr = err.Error()
-		d.mu.Unlock()
-		d.metrics.planValid.Set(0)
-		return fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err)
+	eng, err := agent.New(p, d.cfg.Kinds, store, d.engineOptions())
+	if err != nil {
+		return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if h != d.planHash {
-		d.backoff = map[string]*backoffState{}
+	running := d.running
+	d.mu.Unlock()
+	if running { // the lock is held: the plan's moved blocks are carried out now
+		if err := eng.Prepare(context.Background()); err != nil {
+			return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
+		}
 	}
-	d.plan, d.planHash, d.store, d.lastErr = p, h, store, ""
+	d.mu.Lock()
+	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
+	d.engGen++
+	d.reloaded = time.Now()
 	d.redact.SetRedactor(agent.NewRedactor(p.Secrets()))
+	for addr, rs := range d.res {
+		rs.stopWatch()
+		if !eng.Has(addr) {
+			delete(d.res, addr)
+			d.queue.Forget(addr)
+			continue
+		}
+		rs.failures, rs.until, rs.terminal, rs.holdSeen = 0, time.Time{}, false, ""
+	}
+	d.mu.Unlock()
 	d.metrics.planValid.Set(1)
+	if running {
+		for _, a := range eng.Addrs() {
+			d.queue.Add(a)
+		}
+	}
 	return nil
+}
+
+// rejected records a plan that cannot replace the last good one.
+func (d *Daemon) rejected(err error) error {
+	d.mu.Lock()
+	d.lastErr = err.Error()
+	d.mu.Unlock()
+	d.metrics.planValid.Set(0)
+	return err
 }
 
 // planHash identifies a plan's sources, in a stable order (a map's is not): a reload
@@ -249,158 +436,6 @@ func planHash(p *plans.Plan) [32]byte {
 	var out [32]byte
 	copy(out[:], h.Sum(nil))
 	return out
-}
-
-func (d *Daemon) interval() time.Duration {
-	if d.cfg.Interval > 0 {
-		return d.cfg.Interval
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.plan.Agent.Interval > 0 {
-		return d.plan.Agent.Interval
-	}
-	return DefaultInterval
-}
-
-// ErrBackoff is the error of a resource held back after failures.
-var ErrBackoff = errors.New("waiting before the next try")
-
-// ErrStopping is the error of a resource not started because the agent is stopping.
-var ErrStopping = errors.New("not started: the agent is stopping")
-
-// ErrTerminalHold is the error of a resource whose last error retrying cannot fix: it
-// waits for a plan change.
-var ErrTerminalHold = errors.New("not retried until the plan changes")
-
-// held reports an error of a resource the daemon did not touch this pass: nothing was
-// tried, so nothing failed (metrics and backoff learn nothing from it).
-func held(err error) bool {
-	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold)
-}
-
-// hold is the engine's Hold: a resource in backoff is not touched this pass.
-func (d *Daemon) hold(addr string) error {
-	if d.stopping.Load() {
-		return fmt.Errorf("%s: %w", addr, ErrStopping)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	b := d.backoff[addr]
-	if b == nil {
-		return nil
-	}
-	if b.terminal {
-		return fmt.Errorf("%s: %w (terminal error: %s)", addr, ErrTerminalHold, b.lastErr)
-	}
-	if time.Now().Before(b.until) {
-		return fmt.Errorf("%s: %w (%d failures, next try in %s): last error: %s", addr, ErrBackoff, b.failures, time.Until(b.until).Round(time.Second), b.lastErr)
-	}
-	return nil
-}
-
-// engineOptions are the engine's options for every pass: the configured ones, with the
-// daemon's log and hold.
-func (d *Daemon) engineOptions() agent.Options {
-	opts := d.cfg.Engine
-	opts.Log = d.log
-	opts.Hold = d.hold
-	return opts
-}
-
-// pass is one reconcile pass under the state lock.
-func (d *Daemon) pass(ctx context.Context) {
-	d.mu.Lock()
-	p, store := d.plan, d.store
-	d.mu.Unlock()
-	start := time.Now()
-	lockWait := d.cfg.LockTimeout
-	if lockWait <= 0 {
-		lockWait = d.interval()
-	}
-	lock, err := store.Acquire(ctx, lockWait, "agent run "+d.cfg.PlanPath)
-	if err != nil {
-		d.log.Warn("pass skipped", "error", err)
-		return
-	}
-	defer lock.Release()
-	eng, err := agent.New(p, d.cfg.Kinds, store, d.engineOptions())
-	if err != nil {
-		d.log.Error("pass failed", "error", err)
-		d.metrics.failures.WithLabelValues("").Inc()
-		return
-	}
-	d.mu.Lock()
-	d.passDeadline = time.Now().Add(eng.Budget())
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		d.passDeadline = time.Time{}
-		d.mu.Unlock()
-	}()
-	rep := eng.Apply(ctx, nil)
-	elapsed := time.Since(start)
-	d.record(rep)
-	d.metrics.observePass(rep, elapsed)
-	if ctx.Err() == nil {
-		d.metrics.setStatus(eng.Status(ctx), p)
-	}
-	d.mu.Lock()
-	d.lastPass = time.Now()
-	d.passes++
-	d.mu.Unlock()
-}
-
-// record updates each resource's backoff from a pass's report.
-func (d *Daemon) record(rep *agent.Report) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, st := range rep.Steps {
-		switch {
-		case st.Err == nil:
-			delete(d.backoff, st.Addr)
-			if st.Applied {
-				d.log.Info("converged", "resource", st.Addr, "action", string(st.Diff.Action))
-			}
-		case held(st.Err):
-			// Held back this pass: nothing new learned.
-		default:
-			if _, skipped := st.Skipped(); skipped {
-				continue
-			}
-			b := d.backoff[st.Addr]
-			if b == nil {
-				b = &backoffState{}
-				d.backoff[st.Addr] = b
-			}
-			if b.terminal {
-				continue
-			}
-			b.failures++
-			b.lastErr = st.Err.Error()
-			b.terminal = agent.IsTerminal(st.Err)
-			wait := backoffMin << min(b.failures-1, 16)
-			b.until = time.Now().Add(min(wait, backoffMax))
-			d.log.Error("resource failed", "resource", st.Addr, "error", st.Err, "failures", b.failures, "retry_in", min(wait, backoffMax).String(), "terminal", b.terminal)
-		}
-	}
-}
-
-// summary is the one-line STATUS= for systemctl status.
-func (d *Daemon) summary() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	failing := 0
-	for _, b := range d.backoff {
-		if b != nil {
-			failing++
-		}
-	}
-	s := fmt.Sprintf("%d resources, %d failing, pass %d at %s", len(d.plan.Resources), failing, d.passes, d.lastPass.Format(time.TimeOnly))
-	if d.lastErr != "" {
-		s += "; new plan invalid, running the last good one"
-	}
-	return s
 }
 
 // watch reports (debounced) changes of the plan's files.
@@ -445,27 +480,28 @@ func (d *Daemon) watch(ctx context.Context) (<-chan struct{}, func()) {
 	return out, func() { w.Close() }
 }
 
-// stuck reports whether the loop stopped making progress, and for how long. A pass in
-// flight is stuck only once it has run past its budget (agent.Engine.Budget: a 52 GB
-// download or a driver install is working, however long it takes within its timeouts)
-// plus two intervals; between passes, when none has finished for three steps' default
-// time plus three intervals (the next pass may wait an interval, and a lock).
-func (d *Daemon) stuck(now time.Time) (bool, time.Duration) {
+// stuck reports whether a step in flight has run past its own timeout plus the grace
+// (what and for how long). A 52 GB download or a driver install runs under its own long
+// timeout and is working however long it takes within it; a hung readiness probe under
+// a 2-minute timeout is stuck after 2 minutes and the grace, whatever else runs.
+func (d *Daemon) stuck(now time.Time) (bool, string) {
+	grace := orDefault(d.cfg.StuckGrace, DefaultStuckGrace)
 	d.mu.Lock()
-	last, deadline := d.lastPass, d.passDeadline
-	d.mu.Unlock()
-	if !deadline.IsZero() {
-		over := now.Sub(deadline.Add(2 * d.interval()))
-		return over > 0, over
+	defer d.mu.Unlock()
+	for _, addr := range slices.Sorted(maps.Keys(d.res)) {
+		rs := d.res[addr]
+		if !rs.inFlight || rs.phaseLimit <= 0 {
+			continue
+		}
+		if over := now.Sub(rs.phaseStart.Add(rs.phaseLimit + grace)); over > 0 {
+			return true, fmt.Sprintf("%s: %s has run %s, past its timeout %s and the grace %s",
+				addr, rs.phase, now.Sub(rs.phaseStart).Round(time.Second), rs.phaseLimit, grace)
+		}
 	}
-	if last.IsZero() {
-		return false, 0 // starting
-	}
-	idle := now.Sub(last)
-	return idle > 3*agent.DefaultStepTimeout+3*d.interval(), idle
+	return false, ""
 }
 
-// watchdog pings systemd while the loop is not stuck.
+// watchdog pings systemd while no step is stuck.
 func (d *Daemon) watchdog(ctx context.Context) {
 	every := sdnotify.WatchdogInterval()
 	if every <= 0 {
@@ -478,11 +514,67 @@ func (d *Daemon) watchdog(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if stuck, _ := d.stuck(time.Now()); !stuck {
+			if stuck, why := d.stuck(time.Now()); !stuck {
 				d.notify.Watchdog()
+			} else {
+				d.log.Error("stuck: no watchdog ping", "why", why)
 			}
 		}
 	}
+}
+
+// report is the loop's latest observations as a status report, with each resource's
+// recent failures and repair facts among its fields; nil before the plan is loaded.
+func (d *Daemon) report() (*agent.Report, *plans.Plan) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.eng == nil {
+		return nil, nil
+	}
+	rep := &agent.Report{}
+	now := time.Now()
+	for _, addr := range d.eng.Addrs() {
+		st := &agent.Step{Addr: addr}
+		rep.Steps = append(rep.Steps, st)
+		rs := d.res[addr]
+		if rs == nil || rs.step == nil {
+			st.Status = &agent.Status{Summary: "not observed yet"}
+			continue
+		}
+		st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
+		var s agent.Status
+		if rs.status != nil && rs.status.Status != nil {
+			s = *rs.status.Status
+			s.Fields = slices.Clone(s.Fields)
+			s.Metrics = maps.Clone(s.Metrics)
+		}
+		if rs.status != nil && rs.status.Err != nil && st.Err == nil {
+			st.Err = rs.status.Err
+		}
+		if st.Err != nil || !rs.converged {
+			s.Healthy = false
+			if s.Summary == "" {
+				s.Summary = "not converged"
+			}
+		}
+		if !rs.done.IsZero() {
+			s.Fields = append(s.Fields, agent.Field{Name: "reconciled", Value: rs.done.Format(time.RFC3339)})
+		}
+		if !rs.downSince.IsZero() {
+			s.Fields = append(s.Fields, agent.Field{Name: "down since", Value: rs.downSince.Format(time.RFC3339)})
+		}
+		if rs.repairs > 0 {
+			s.Fields = append(s.Fields, agent.Field{Name: "repairs", Value: fmt.Sprint(rs.repairs)})
+		}
+		if rs.until.After(now) {
+			s.Fields = append(s.Fields, agent.Field{Name: "next try", Value: fmt.Sprintf("in %s (%d failures in a row)", rs.until.Sub(now).Round(100*time.Millisecond), rs.failures)})
+		}
+		for i, f := range rs.history {
+			s.Fields = append(s.Fields, agent.Field{Name: fmt.Sprintf("failure %d", i+1), Value: f.at.Format(time.RFC3339) + " " + f.err})
+		}
+		st.Status = &s
+	}
+	return rep, d.plan
 }
 
 // serve starts the loopback HTTP endpoint: /metrics, /status, /healthz.

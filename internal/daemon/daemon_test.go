@@ -22,6 +22,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/sdnotify"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -31,11 +32,49 @@ type markConfig struct {
 	Value    string `hcl:"value"`
 	Fail     *bool  `hcl:"fail,optional"`
 	Terminal *bool  `hcl:"terminal,optional"` // fails with an error retrying cannot fix
+	Hang     *bool  `hcl:"hang,optional"`     // Apply hangs, deaf to its context, until the test ends
+	Timeout  string `hcl:"timeout,optional"`  // the step timeout (Timeouter)
 }
 
 type mark struct {
 	cfg     *markConfig
 	applies *counter
+	checks  *counter
+	hang    chan struct{} // closed when the test ends
+}
+
+// timedMark is a mark with its own step timeout.
+type timedMark struct {
+	*mark
+	t time.Duration
+}
+
+func (m timedMark) Timeout() time.Duration { return m.t }
+
+func bindMark(h *harness) agent.Kind {
+	k := markKind(h)
+	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) {
+		var rec map[string]string
+		if has, err := st.Load(&rec); err != nil || !has {
+			return nil, err
+		}
+		return markOrphan{rec["path"]}, nil
+	}
+	return k
+}
+
+func markKind(h *harness) agent.Kind {
+	return agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
+		m := &mark{cfg: c, applies: h.applies, checks: h.checks, hang: h.hang}
+		if c.Timeout != "" {
+			t, err := time.ParseDuration(c.Timeout)
+			if err != nil {
+				return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error()}}
+			}
+			return timedMark{m, t}, nil
+		}
+		return m, nil
+	})
 }
 
 type counter struct {
@@ -51,6 +90,7 @@ func (c *counter) get(k string) int {
 }
 
 func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	m.checks.inc(m.cfg.Path)
 	have, err := os.ReadFile(m.cfg.Path)
 	if err == nil && string(have) == m.cfg.Value {
 		return agent.NoChange(), nil
@@ -60,13 +100,37 @@ func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 
 func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
 	m.applies.inc(m.cfg.Path)
+	if m.cfg.Hang != nil && *m.cfg.Hang {
+		<-m.hang
+		return errors.New("hung")
+	}
 	if m.cfg.Fail != nil && *m.cfg.Fail {
 		return fmt.Errorf("broken on purpose writing %q", m.cfg.Value) // quotes the value, secret or not
 	}
 	if m.cfg.Terminal != nil && *m.cfg.Terminal {
 		return agent.Terminal(errors.New("the plan asks for the impossible"))
 	}
-	return os.WriteFile(m.cfg.Path, []byte(m.cfg.Value), 0o644)
+	if err := os.WriteFile(m.cfg.Path, []byte(m.cfg.Value), 0o644); err != nil {
+		return err
+	}
+	return env.State.Save(map[string]string{"path": m.cfg.Path}) // what an orphan deletes
+}
+
+// markOrphan deletes the file an orphaned mark's record names.
+type markOrphan struct{ path string }
+
+func (o markOrphan) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	if _, err := os.Stat(o.path); err != nil {
+		return agent.NoChange(), nil
+	}
+	return &agent.Diff{Action: agent.Delete}, nil
+}
+
+func (o markOrphan) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+	if err := os.Remove(o.path); err != nil {
+		return err
+	}
+	return env.State.Delete()
 }
 
 func (m *mark) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
@@ -77,6 +141,8 @@ type harness struct {
 	dir      string
 	plan     string
 	applies  *counter
+	checks   *counter
+	hang     chan struct{}
 	notes    chan string
 	addr     string
 	cancel   context.CancelFunc
@@ -106,7 +172,7 @@ func (s *syncBuffer) String() string {
 func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 	t.Helper()
 	dir := t.TempDir()
-	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}},
+	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}, hang: make(chan struct{}),
 		notes: make(chan string, 100), done: make(chan error, 1), readyURL: make(chan string, 1), log: &syncBuffer{}}
 	h.write(t, planSrc)
 	sock := filepath.Join(dir, "notify")
@@ -125,12 +191,10 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 			h.notes <- string(buf[:n])
 		}
 	}()
-	kinds := []agent.Kind{agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
-		return &mark{cfg: c, applies: h.applies}, nil
-	})}
+	kinds := []agent.Kind{bindMark(h)}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	t.Cleanup(func() { cancel(); <-h.done })
+	t.Cleanup(func() { close(h.hang); cancel(); <-h.done })
 	go func() {
 		h.done <- Run(ctx, Config{
 			PlanPath: h.plan,
@@ -144,6 +208,10 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 			Notifier: sdnotify.New(sock),
 			Log:      slog.New(slog.NewTextHandler(h.log, nil)),
 			Ready:    func(addr string) { h.readyURL <- "http://" + addr },
+			// Short enough for tests, long enough that a loaded machine does not hit
+			// them by accident.
+			StopGrace:  time.Second,
+			StuckGrace: 500 * time.Millisecond,
 		})
 	}()
 	select {
@@ -214,30 +282,39 @@ mark "a" {
 }
 `
 
+// metric returns the value of one exact series on /metrics (-1 when absent).
+func (h *harness) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	_, m := h.get(t, "/metrics")
+	for _, line := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}
+
 func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 	t.Parallel()
 	h := start(t, planV1, time.Hour)
-	// READY=1 comes before the first pass (which may take hours); STATUS= says when
-	// each pass is done.
-	if first := h.waitNote(t, "READY=1"); !strings.Contains(first, "STATUS=first pass running") {
+	// READY=1 comes before the first reconcile (which may take hours); STATUS= says how
+	// the resources stand.
+	if first := h.waitNote(t, "READY=1"); !strings.Contains(first, "STATUS=starting") {
 		t.Errorf("first READY notification = %q", first)
 	}
-	ready := h.waitNote(t, "pass 1 at")
-	if !strings.Contains(ready, "STATUS=1 resources, 0 failing") {
-		t.Errorf("notification after the first pass = %q", ready)
-	}
+	h.waitNote(t, "STATUS=1 resources: 1 converged, 0 failing")
 	a := filepath.Join(h.dir, "a")
 	if b, _ := os.ReadFile(a); string(b) != "v1" {
-		t.Fatalf("a = %q after the first pass", b)
+		t.Fatalf("a = %q after the first reconcile", b)
 	}
 
 	// An edited plan is picked up by the file watch and applied once.
 	h.write(t, strings.Replace(planV1, "v1", "v2", 1))
 	h.waitNote(t, "RELOADING=1")
 	h.waitNote(t, "READY=1")
-	if b, _ := os.ReadFile(a); string(b) != "v2" {
-		t.Fatalf("a = %q after the reload", b)
-	}
+	waitFor(t, "the new plan applied", func() bool { b, _ := os.ReadFile(a); return string(b) == "v2" })
+	waitFor(t, "its reconcile recorded", func() bool { return h.metric(t, `agent_repairs_total{resource="mark.a"}`) == 2 })
 	if n := h.applies.get(a); n != 2 {
 		t.Errorf("applies = %d, want 2 (one per plan version)", n)
 	}
@@ -253,11 +330,12 @@ func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 		t.Errorf("a = %q, want v2 kept", b)
 	}
 	_, metrics := h.get(t, "/metrics")
-	for _, series := range []string{"agent_plan_valid 0", "agent_reconcile_passes_total 3", "agent_reconcile_duration_seconds_count 3",
+	for _, series := range []string{"agent_plan_valid 0", `agent_reconciles_total{resource="mark.a"} 2`, `agent_reconcile_duration_seconds_count{resource="mark.a"} 2`,
 		`agent_resource_drift{resource="mark.a"} 0`, "agent_last_success_timestamp_seconds", `agent_mark_generation{name="a"} 7`,
-		`agent_resource_healthy{name="mark.a"} 1`} {
+		`agent_resource_healthy{name="mark.a"} 1`, `agent_repairs_total{resource="mark.a"} 2`, `agent_time_to_repair_seconds_count{resource="mark.a"} 2`,
+		`agent_resource_down_seconds{resource="mark.a"} 0`, `agent_resource_failing{resource="mark.a"} 0`, "agent_queue_depth 0"} {
 		if !strings.Contains(metrics, series) {
-			t.Errorf("/metrics lacks %q", series)
+			t.Errorf("/metrics lacks %q:\n%s", series, metrics)
 		}
 	}
 	code, health := h.get(t, "/healthz")
@@ -265,7 +343,7 @@ func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 		t.Errorf("/healthz = %d %q", code, health)
 	}
 	code, status := h.get(t, "/status")
-	if code != 200 || !strings.Contains(status, `"command": "status"`) || !strings.Contains(status, `"state_dir"`) {
+	if code != 200 || !strings.Contains(status, `"command": "status"`) || !strings.Contains(status, `"state_dir"`) || !strings.Contains(status, `"repairs"`) {
 		t.Errorf("/status = %d %q", code, status)
 	}
 }
@@ -285,18 +363,10 @@ mark "good" {
 }
 `, 50*time.Millisecond)
 	good, bad := filepath.Join(h.dir, "good"), filepath.Join(h.dir, "bad")
-	// Many passes run (50 ms apart), but the failing resource waits its backoff (5 s
-	// after the first failure), so it is tried once, while the good one converged.
-	waitFor(t, "10 passes", func() bool {
-		_, m := h.get(t, "/metrics")
-		for _, line := range strings.Split(m, "\n") {
-			if v, ok := strings.CutPrefix(line, "agent_reconcile_passes_total "); ok {
-				n, _ := strconv.Atoi(v)
-				return n >= 10
-			}
-		}
-		return false
-	})
+	// The good resource resyncs every 50 ms, but the failing one waits its backoff (about
+	// 5 s after the first failure), so it is tried once, while the good one converged
+	// and keeps being observed.
+	waitFor(t, "10 reconciles of the good resource", func() bool { return h.checks.get(good) >= 10 })
 	if n := h.applies.get(bad); n != 1 {
 		t.Errorf("the failing resource was tried %d times within its backoff, want 1", n)
 	}
@@ -304,13 +374,17 @@ mark "good" {
 		t.Errorf("the good resource did not converge: %q", b)
 	}
 	_, m := h.get(t, "/metrics")
-	// One try, one failure: the passes that held it back are not failures (found in
+	// One try, one failure: the turns that held it back are not failures (found in
 	// review: it read 10, and a Contains on "} 1" let that pass).
-	if !slices.Contains(strings.Split(m, "\n"), `agent_reconcile_failures_total{resource="mark.bad"} 1`) {
-		t.Errorf("failures metric is not exactly 1:\n%s", m)
+	for _, want := range []string{`agent_reconcile_failures_total{resource="mark.bad"} 1`, `agent_resource_drift{resource="mark.bad"} 1`,
+		`agent_resource_failing{resource="mark.bad"} 1`, `agent_resource_consecutive_failures{resource="mark.bad"} 1`} {
+		if !slices.Contains(strings.Split(m, "\n"), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, m)
+		}
 	}
-	if !slices.Contains(strings.Split(m, "\n"), `agent_resource_drift{resource="mark.bad"} 1`) {
-		t.Errorf("the held-back resource lost its drift:\n%s", m)
+	_, status := h.get(t, "/status")
+	if !strings.Contains(status, `"next try"`) || !strings.Contains(status, "broken on purpose") {
+		t.Errorf("/status does not show the backoff and the last error:\n%s", status)
 	}
 }
 
@@ -346,17 +420,8 @@ mark "t" {
 `
 	h := start(t, src, 50*time.Millisecond)
 	path := filepath.Join(h.dir, "t")
-	passes := func() int {
-		_, m := h.get(t, "/metrics")
-		for _, line := range strings.Split(m, "\n") {
-			if v, ok := strings.CutPrefix(line, "agent_reconcile_passes_total "); ok {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
-		}
-		return 0
-	}
-	waitFor(t, "20 passes", func() bool { return passes() >= 20 })
+	// Held, it is still observed at every resync (to see the host move), never acted on.
+	waitFor(t, "20 observations", func() bool { return h.checks.get(path) >= 20 })
 	if n := h.applies.get(path); n != 1 {
 		t.Errorf("a terminal error was retried: %d tries, want 1", n)
 	}
@@ -436,10 +501,7 @@ func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
 		}
 	}
 	write("a")
-	cnt := &counter{n: map[string]int{}}
-	kinds := []agent.Kind{agent.NewKind("mark", func(r *plans.Resource, c *markConfig) (agent.Resource, hcl.Diagnostics) {
-		return &mark{cfg: c, applies: cnt}, nil
-	})}
+	kinds := []agent.Kind{bindMark(&harness{applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}})}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	t.Cleanup(func() { cancel(); <-done })
@@ -472,29 +534,263 @@ func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
 	waitFor(t, "the last good plan to repair the drift", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
 }
 
-// The watchdog and /healthz call the loop stuck only when it is: a pass in flight within
-// its budget (a long download, a driver install) is working, however long (found in
-// review: a pass past three default step times stopped the watchdog, and systemd would
-// kill the agent mid-install).
+// The watchdog and /healthz call the loop stuck only when a step in flight is past its
+// own timeout and the grace: a long download under its own long timeout is working,
+// however long it runs (found in review: a pass past three default step times stopped
+// the watchdog, and systemd would kill the agent mid-install).
 func TestStuck(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	d := &Daemon{cfg: Config{Interval: time.Minute}}
 	for _, tc := range []struct {
-		name           string
-		last, deadline time.Time
-		want           bool
+		name  string
+		res   map[string]*resState
+		want  bool
+		where string
 	}{
-		{"starting", time.Time{}, time.Time{}, false},
-		{"first pass, 2 h into a 3 h budget", time.Time{}, now.Add(time.Hour), false},
-		{"a pass 40 min in, within its budget", now.Add(-41 * time.Minute), now.Add(5 * time.Minute), false},
-		{"a pass past its budget and two intervals", now.Add(-4 * time.Hour), now.Add(-3 * time.Minute), true},
-		{"between passes, recently", now.Add(-2 * time.Minute), time.Time{}, false},
-		{"between passes, none for an hour", now.Add(-time.Hour), time.Time{}, true},
+		{"starting", nil, false, ""},
+		{"a download 2 h into its 3 h timeout", map[string]*resState{"download.q": {inFlight: true, phase: "create", phaseStart: now.Add(-2 * time.Hour), phaseLimit: 3 * time.Hour}}, false, ""},
+		{"a probe within the grace", map[string]*resState{"server.q": {inFlight: true, phase: "observe", phaseStart: now.Add(-150 * time.Second), phaseLimit: 2 * time.Minute}}, false, ""},
+		{"a probe past its timeout and the grace, beside a long download", map[string]*resState{
+			"download.q": {inFlight: true, phase: "create", phaseStart: now.Add(-2 * time.Hour), phaseLimit: 3 * time.Hour},
+			"server.q":   {inFlight: true, phase: "observe", phaseStart: now.Add(-4 * time.Minute), phaseLimit: 2 * time.Minute}}, true, "server.q: observe"},
+		{"idle, a step long ago", map[string]*resState{"server.q": {phaseStart: now.Add(-24 * time.Hour), phaseLimit: time.Minute}}, false, ""},
 	} {
-		d.lastPass, d.passDeadline = tc.last, tc.deadline
-		if got, _ := d.stuck(now); got != tc.want {
-			t.Errorf("%s: stuck = %v, want %v", tc.name, got, tc.want)
+		d := &Daemon{cfg: Config{Interval: time.Minute}, res: tc.res}
+		got, why := d.stuck(now)
+		if got != tc.want || !strings.HasPrefix(why, tc.where) {
+			t.Errorf("%s: stuck = %v (%q), want %v (%q)", tc.name, got, why, tc.want, tc.where)
 		}
 	}
+}
+
+// A step that hangs (deaf to its context) holds only its dependents: an independent
+// resource converges and is repaired meanwhile, a reload is READY at once, and /healthz
+// turns unhealthy only once the hung step is past its own timeout and the grace.
+func TestHangingStepHoldsOnlyItsDependents(t *testing.T) {
+	t.Parallel()
+	const src = `
+variable "root" {}
+mark "slow" {
+  path    = "${var.root}/slow"
+  value   = "x"
+  hang    = true
+  timeout = "2s"
+}
+mark "child" {
+  path       = "${var.root}/child"
+  value      = "c"
+  depends_on = [mark.slow]
+}
+mark "free" {
+  path  = "${var.root}/free"
+  value = "f"
+}
+`
+	h := start(t, src, 100*time.Millisecond)
+	slow, child, free := filepath.Join(h.dir, "slow"), filepath.Join(h.dir, "child"), filepath.Join(h.dir, "free")
+	waitFor(t, "the slow step to start", func() bool { return h.applies.get(slow) == 1 })
+	began := time.Now()
+	waitFor(t, "the independent resource", func() bool { b, _ := os.ReadFile(free); return string(b) == "f" })
+	// Drift of the independent resource is repaired while the step hangs.
+	if err := os.Remove(free); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the independent resource repaired", func() bool { b, _ := os.ReadFile(free); return string(b) == "f" })
+	if code, body := h.get(t, "/healthz"); time.Since(began) < 2*time.Second && code != 200 {
+		t.Errorf("/healthz = %d %q within the hung step's timeout", code, body)
+	}
+	_, status := h.get(t, "/status")
+	if !strings.Contains(status, "waiting for mark.slow to converge") {
+		t.Errorf("the dependent's status does not say what it waits for:\n%s", status)
+	}
+
+	// A plan change is picked up while the step hangs: READY=1 right after RELOADING=1,
+	// and the independent resource takes the new value.
+	h.write(t, strings.Replace(src, `value = "f"`, `value = "g"`, 1))
+	h.waitNote(t, "RELOADING=1")
+	reloading := time.Now()
+	h.waitNote(t, "READY=1")
+	if d := time.Since(reloading); d > 5*time.Second {
+		t.Errorf("READY=1 came %s after RELOADING=1: the reload waited for the hung step", d)
+	}
+	waitFor(t, "the new plan applied beside the hung step", func() bool { b, _ := os.ReadFile(free); return string(b) == "g" })
+
+	// Past the step's 2 s timeout and the 0.5 s grace: stuck, and /healthz says which.
+	waitFor(t, "/healthz to turn unhealthy", func() bool { code, _ := h.get(t, "/healthz"); return code == 503 })
+	if d := time.Since(began); d < 2*time.Second {
+		t.Errorf("/healthz turned unhealthy %s after the step began, before its 2 s timeout", d)
+	}
+	if _, body := h.get(t, "/healthz"); !strings.Contains(body, "mark.slow: update has run") {
+		t.Errorf("/healthz does not name the stuck step: %q", body)
+	}
+	if n := h.applies.get(child); n != 0 {
+		t.Errorf("the dependent acted %d times while its dependency hung", n)
+	}
+}
+
+// A terminal hold also ends when the host moves under it (what the resource observes
+// changes: the foreign port holder went away, the file was fixed by hand), as the hold
+// promises; an unchanged host keeps it.
+func TestTerminalHoldEndsWhenTheHostChanges(t *testing.T) {
+	t.Parallel()
+	h := start(t, `
+variable "root" {}
+mark "t" {
+  path     = "${var.root}/t"
+  value    = "x"
+  terminal = true
+}
+`, 50*time.Millisecond)
+	path := filepath.Join(h.dir, "t")
+	waitFor(t, "10 observations under the hold", func() bool { return h.checks.get(path) >= 10 })
+	if n := h.applies.get(path); n != 1 {
+		t.Fatalf("tries under an unchanged host = %d, want 1", n)
+	}
+	if err := os.WriteFile(path, []byte("changed by hand"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a try after the host changed", func() bool { return h.applies.get(path) == 2 })
+	seen := h.checks.get(path)
+	waitFor(t, "10 more observations", func() bool { return h.checks.get(path) >= seen+10 })
+	if n := h.applies.get(path); n != 2 {
+		t.Errorf("tries after one change of the host = %d, want 2", n)
+	}
+}
+
+// The loop holds the state lock for its life; at start it waits for an operator's
+// command that holds it, says so, and acts on nothing meanwhile.
+func TestLoopWaitsForAnOperatorsLock(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "plan.hcl")
+	a := filepath.Join(dir, "a")
+	if err := os.WriteFile(path, []byte("mark \"a\" {\n  path  = \""+a+"\"\n  value = \"v1\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store, err := state.Open(filepath.Join(dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := store.Acquire(context.Background(), 0, "agent apply plan.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}}
+	kinds := []agent.Kind{bindMark(h)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	t.Cleanup(func() { cancel(); <-done })
+	ready := make(chan string, 1)
+	go func() {
+		done <- Run(ctx, Config{PlanPath: path,
+			Load: func() (*plans.Plan, hcl.Diagnostics) {
+				return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds)})
+			},
+			Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
+			Notifier: sdnotify.New(""), Ready: func(addr string) { ready <- "http://" + addr }})
+	}()
+	base := <-ready
+	health := func() (int, string) {
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, "/healthz to say what it waits for", func() bool {
+		code, body := health()
+		return code == 503 && strings.Contains(body, "(agent apply plan.hcl)")
+	})
+	time.Sleep(300 * time.Millisecond) // six resyncs' worth: nothing may act
+	if n := h.checks.get(a); n != 0 {
+		t.Fatalf("the loop observed %d times while an operator held the lock", n)
+	}
+	lock.Release()
+	waitFor(t, "the loop to start once the lock is free", func() bool { b, _ := os.ReadFile(a); return string(b) == "v1" })
+	if code, body := health(); code != 200 {
+		t.Errorf("/healthz = %d %q once running", code, body)
+	}
+	// And now it holds the lock itself, naming itself.
+	if _, err := store.Acquire(context.Background(), 0, "agent apply plan.hcl"); err == nil || !strings.Contains(err.Error(), "(agent run "+path+")") {
+		t.Errorf("the lock while the loop runs: %v", err)
+	}
+}
+
+// A dependent waits while its dependency fails (its status names the root cause), and
+// acts once the dependency converges, also when both change in a reload.
+func TestDependentWaitsForItsDependency(t *testing.T) {
+	t.Parallel()
+	const src = `
+variable "root" {}
+mark "a" {
+  path  = "${var.root}/a"
+  value = "x"
+  fail  = true
+}
+mark "b" {
+  path       = "${var.root}/b"
+  value      = "y"
+  depends_on = [mark.a]
+}
+mark "c" {
+  path       = "${var.root}/c"
+  value      = "z"
+  depends_on = [mark.b]
+}
+`
+	h := start(t, src, 50*time.Millisecond)
+	a, b, c := filepath.Join(h.dir, "a"), filepath.Join(h.dir, "b"), filepath.Join(h.dir, "c")
+	waitFor(t, "the dependency to fail", func() bool { return h.applies.get(a) == 1 })
+	waitFor(t, "the dependents to report their wait", func() bool {
+		_, status := h.get(t, "/status")
+		return strings.Count(status, "waiting for mark.a, which failed: mark.a: update: broken on purpose") == 2
+	})
+	if h.applies.get(b)+h.applies.get(c)+h.checks.get(b)+h.checks.get(c) != 0 {
+		t.Fatal("a dependent was observed or acted on while its dependency failed")
+	}
+	h.write(t, strings.Replace(strings.Replace(src, "  fail  = true\n", "", 1), `value      = "y"`, `value      = "y2"`, 1))
+	waitFor(t, "the chain to converge", func() bool {
+		bb, _ := os.ReadFile(b)
+		cc, _ := os.ReadFile(c)
+		return string(bb) == "y2" && string(cc) == "z"
+	})
+	h.waitNote(t, "STATUS=3 resources: 3 converged, 0 failing")
+}
+
+// A block gone from the plan is an orphan: the loop reports it (drift, an unhealthy
+// status) and deletes it only with agent { prune = true }.
+func TestOrphansArePrunedOnlyWhenThePlanSays(t *testing.T) {
+	t.Parallel()
+	const both = `
+variable "root" {}
+agent {
+  prune = PRUNE
+}
+mark "a" {
+  path  = "${var.root}/a"
+  value = "x"
+}
+mark "b" {
+  path  = "${var.root}/b"
+  value = "y"
+}
+`
+	h := start(t, strings.Replace(both, "PRUNE", "false", 1), 50*time.Millisecond)
+	b := filepath.Join(h.dir, "b")
+	waitFor(t, "b in place", func() bool { bb, _ := os.ReadFile(b); return string(bb) == "y" })
+	h.waitNote(t, "2 converged")
+	onlyA := strings.Replace(strings.Replace(both, "PRUNE", "false", 1), "mark \"b\" {\n  path  = \"${var.root}/b\"\n  value = \"y\"\n}\n", "", 1)
+	h.write(t, onlyA)
+	waitFor(t, "the orphan reported", func() bool {
+		_, status := h.get(t, "/status")
+		return strings.Contains(status, "orphan: no longer in the plan") && h.metric(t, `agent_resource_drift{resource="mark.b"}`) == 1
+	})
+	time.Sleep(300 * time.Millisecond) // resyncs: it must stay
+	if _, err := os.Stat(b); err != nil {
+		t.Fatalf("prune = false deleted the orphan's file: %v", err)
+	}
+	h.write(t, strings.Replace(onlyA, "prune = false", "prune = true", 1))
+	waitFor(t, "the orphan pruned", func() bool { _, err := os.Stat(b); return errors.Is(err, os.ErrNotExist) })
 }

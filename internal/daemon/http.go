@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"net/http"
 	"regexp"
 	"strings"
@@ -16,41 +15,46 @@ import (
 	"github.com/agent-dev/agent/plans"
 )
 
-// handleStatus answers the same document as `agent status --json`, observed now, plus the
-// state directory so `agent status` can tell whether this daemon manages its plan.
+// handleStatus answers the same document as `agent status --json`, from the loop's latest
+// observations (nothing is observed for the request, no engine is built), plus the state
+// directory so `agent status` can tell whether this daemon manages its plan. Each
+// resource's fields add what the loop knows: when it was last reconciled, since when it
+// is down, its repairs, its next try and its recent failures (a crash loop's quote of
+// each generation's log).
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
-	d.mu.Lock()
-	p, store := d.plan, d.store
-	d.mu.Unlock()
-	eng, err := agent.New(p, d.cfg.Kinds, store, d.cfg.Engine)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+	rep, p := d.report()
+	if rep == nil {
+		http.Error(w, "starting\n", http.StatusServiceUnavailable)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
-	defer cancel()
-	rep := eng.Status(ctx)
+	d.mu.Lock()
+	store := d.store
+	d.mu.Unlock()
 	doc := agent.JSON("status", rep, p, agent.NewRedactor(p.Secrets()))
 	doc.StateDir = store.Dir()
-	d.metrics.setStatus(rep, p)
 	w.Header().Set("Content-Type", "application/json")
 	agent.WriteJSON(w, doc)
 }
 
-// handleHealth is the agent's own liveness: 200 while the loop finishes passes.
+// handleHealth is the agent's own liveness: 200 while the loop runs and no step is past
+// its own timeout (plus the grace).
 func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
-	last, lastErr := d.lastPass, d.lastErr
+	running, waiting, lastErr := d.running, d.waiting, d.lastErr
 	d.mu.Unlock()
-	if last.IsZero() {
-		http.Error(w, "starting: no pass finished yet\n", http.StatusServiceUnavailable)
+	if !running {
+		msg := "starting\n"
+		if waiting != "" {
+			msg = "waiting: " + waiting + "\n"
+		}
+		http.Error(w, msg, http.StatusServiceUnavailable)
 		return
 	}
-	if stuck, _ := d.stuck(time.Now()); stuck {
-		http.Error(w, "stuck: no pass finished for "+time.Since(last).Round(time.Second).String()+"\n", http.StatusServiceUnavailable)
+	if stuck, why := d.stuck(time.Now()); stuck {
+		http.Error(w, "stuck: "+why+"\n", http.StatusServiceUnavailable)
 		return
 	}
-	msg := "ok: last pass " + last.Format(time.RFC3339) + "\n"
+	msg := "ok: " + d.summaryLine() + "\n"
 	if lastErr != "" {
 		msg += "warning: the new plan is invalid; running the last good one\n"
 	}
@@ -59,63 +63,96 @@ func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 type metrics struct {
 	reg         *prometheus.Registry
-	passes      prometheus.Counter
-	duration    prometheus.Histogram
+	reconciles  *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
 	failures    *prometheus.CounterVec
 	drift       *prometheus.GaugeVec
+	repairs     *prometheus.CounterVec
+	repairTime  *prometheus.HistogramVec
 	lastSuccess prometheus.Gauge
 	planValid   prometheus.Gauge
 	status      *statusCollector
 }
 
-func newMetrics() *metrics {
+func newMetrics(d *Daemon) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
-		passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "agent_reconcile_passes_total",
-			Help: "Reconcile passes run."}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "agent_reconcile_duration_seconds",
-			Help: "Duration of reconcile passes.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}),
+		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agent_reconciles_total",
+			Help: "Reconciles run (observe, act when needed, verify), by resource address."}, []string{"resource"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "agent_reconcile_duration_seconds",
+			Help: "Duration of reconciles, by resource address.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}, []string{"resource"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agent_reconcile_failures_total",
-			Help: "Failed resource steps, by resource address."}, []string{"resource"}),
+			Help: "Failed reconciles, and repairs needed again within the stable period (a crash loop), by resource address."}, []string{"resource"}),
 		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "agent_resource_drift",
-			Help: "1 when the last pass found the resource different from the plan."}, []string{"resource"}),
+			Help: "1 when the last reconcile found the resource different from the plan."}, []string{"resource"}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agent_repairs_total",
+			Help: "Changes carried out and verified, by resource address."}, []string{"resource"}),
+		repairTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "agent_time_to_repair_seconds",
+			Help:    "From detection (a watch, or the observation that found the difference) to verified, by resource address.",
+			Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)}, []string{"resource"}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agent_last_success_timestamp_seconds",
-			Help: "Unix time of the last pass in which every resource converged."}),
+			Help: "Unix time of the last reconcile after which every resource was verified converged."}),
 		planValid: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agent_plan_valid",
 			Help: "0 while the plan on disk does not load and the last good plan runs."}),
 		status: &statusCollector{},
 	}
-	m.reg.MustRegister(m.passes, m.duration, m.failures, m.drift, m.lastSuccess, m.planValid, m.status)
+	m.reg.MustRegister(m.reconciles, m.duration, m.failures, m.drift, m.repairs, m.repairTime, m.lastSuccess, m.planValid, m.status,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "agent_queue_depth",
+			Help: "Resources queued for a worker."}, func() float64 { return float64(d.queue.Len()) }),
+		&loopCollector{d: d})
+	// The agent's own process and runtime: up, memory, file descriptors, goroutines.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
 
-func (m *metrics) observePass(rep *agent.Report, elapsed time.Duration) {
-	m.passes.Inc()
-	m.duration.Observe(elapsed.Seconds())
-	ok := true
-	for _, st := range rep.Steps {
-		if st.Err != nil {
-			ok = false
-		}
-		if held(st.Err) {
-			continue // not looked at this pass: its drift and failures stand as they were
-		}
-		drift := 0.0
-		if st.Diff != nil && st.Diff.Action != agent.NoOp {
-			drift = 1
-		}
-		m.drift.WithLabelValues(st.Addr).Set(drift)
-		if st.Err != nil {
-			if _, skipped := st.Skipped(); !skipped {
-				m.failures.WithLabelValues(st.Addr).Inc()
-			}
-		}
+// loopCollector exports what the loop knows of each resource, computed at scrape time.
+type loopCollector struct{ d *Daemon }
+
+var (
+	downDesc = prometheus.NewDesc("agent_resource_down_seconds",
+		"Seconds since the resource was found not converged (a server down); 0 while converged.", []string{"resource"}, nil)
+	failingDesc = prometheus.NewDesc("agent_resource_failing",
+		"1 while the resource's last reconcile failed (its error is in /status).", []string{"resource"}, nil)
+	lastErrDesc = prometheus.NewDesc("agent_resource_last_error_timestamp_seconds",
+		"Unix time of the resource's last failure (its text is in /status).", []string{"resource"}, nil)
+	inRowDesc = prometheus.NewDesc("agent_resource_consecutive_failures",
+		"Failures in a row; the backoff doubles with each.", []string{"resource"}, nil)
+	inFlightDesc = prometheus.NewDesc("agent_resource_in_flight",
+		"1 while a worker reconciles the resource.", []string{"resource"}, nil)
+)
+
+func (c *loopCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{downDesc, failingDesc, lastErrDesc, inRowDesc, inFlightDesc} {
+		ch <- d
 	}
-	if ok {
-		m.lastSuccess.SetToCurrentTime()
+}
+
+func (c *loopCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	for addr, rs := range d.res {
+		down := 0.0
+		if !rs.downSince.IsZero() {
+			down = now.Sub(rs.downSince).Seconds()
+		}
+		failing := rs.step != nil && rs.step.Err != nil && !held(rs.step.Err) || rs.failures > 0 && !rs.converged
+		ch <- prometheus.MustNewConstMetric(downDesc, prometheus.GaugeValue, down, addr)
+		ch <- prometheus.MustNewConstMetric(failingDesc, prometheus.GaugeValue, b(failing), addr)
+		ch <- prometheus.MustNewConstMetric(inRowDesc, prometheus.GaugeValue, float64(rs.failures), addr)
+		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, b(rs.inFlight), addr)
+		if n := len(rs.history); n > 0 {
+			ch <- prometheus.MustNewConstMetric(lastErrDesc, prometheus.GaugeValue, float64(rs.history[n-1].at.Unix()), addr)
+		}
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 // process_start_time_seconds) work on the agent as on any Go exporter.
 func TestMetricsHaveProcessAndGoSeries(t *testing.T) {
 	rec := httptest.NewRecorder()
-	newMetrics().handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	d := &Daemon{res: map[string]*resState{}, queue: newWorkQueue()}
+	newMetrics(d).handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	for _, name := range []string{"process_resident_memory_bytes", "process_start_time_seconds", "process_open_fds", "go_goroutines", "go_memstats_alloc_bytes"} {
 		if !strings.Contains(string(body), "\n"+name+" ") {

@@ -1,0 +1,469 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+)
+
+func orDefault(v, def time.Duration) time.Duration {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// ErrBackoff is the error of a resource held back after failures.
+var ErrBackoff = errors.New("waiting before the next try")
+
+// ErrStopping is the error of a resource not started because the agent is stopping.
+var ErrStopping = errors.New("not started: the agent is stopping")
+
+// ErrTerminalHold is the error of a resource whose last error retrying cannot fix: it
+// waits for a plan change, or for the host to change under it.
+var ErrTerminalHold = errors.New("not retried until the plan or the host changes")
+
+// WaitingError is the state of a resource that does not act because a dependency has not
+// verified converged (yet, or since its last failure).
+type WaitingError struct {
+	Dep   string
+	Cause string // the dependency's own error, when it failed
+}
+
+func (e *WaitingError) Error() string {
+	if e.Cause == "" {
+		return "waiting for " + e.Dep + " to converge"
+	}
+	return "waiting for " + e.Dep + ", which failed: " + e.Cause
+}
+
+// held reports an error of a resource the loop did not act on: nothing was tried, so
+// nothing failed (metrics and backoff learn nothing from it).
+func held(err error) bool {
+	var w *WaitingError
+	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold) || errors.As(err, &w)
+}
+
+// hold is the engine's Hold: once the agent is stopping, no step starts.
+func (d *Daemon) hold(addr string) error {
+	if d.stopping.Load() {
+		return fmt.Errorf("%s: %w", addr, ErrStopping)
+	}
+	return nil
+}
+
+// engineOptions are the loop engine's options: the configured ones, with the daemon's
+// log and hold.
+func (d *Daemon) engineOptions() agent.Options {
+	opts := d.cfg.Engine
+	opts.Log = d.log
+	opts.Hold = d.hold
+	return opts
+}
+
+func (d *Daemon) worker() {
+	for {
+		addr, ok := d.queue.Get()
+		if !ok {
+			return
+		}
+		d.process(addr)
+		d.queue.Done(addr)
+	}
+}
+
+// process is one turn of one resource: wait for its dependencies, respect its holds,
+// else reconcile it with the loop's engine and schedule its next turn.
+func (d *Daemon) process(addr string) {
+	if d.stopping.Load() {
+		return
+	}
+	d.mu.Lock()
+	eng, gen := d.eng, d.engGen
+	if !eng.Has(addr) {
+		d.mu.Unlock()
+		return
+	}
+	rs := d.state(addr)
+	rs.stopWatch() // it is observed now; a watch on what it replaces would only echo
+	for _, dep := range eng.Deps(addr) {
+		ds := d.res[dep]
+		if ds != nil && ds.converged && ds.gen == gen {
+			continue
+		}
+		w := &WaitingError{Dep: dep}
+		if ds != nil && ds.gen == gen && ds.step != nil && ds.step.Err != nil {
+			var dw *WaitingError
+			if errors.As(ds.step.Err, &dw) {
+				w = dw // the root cause
+			} else {
+				w.Cause = ds.step.Err.Error()
+			}
+		}
+		rs.step, rs.converged, rs.gen = &agent.Step{Addr: addr, Err: w}, false, gen
+		d.mu.Unlock()
+		d.publish()
+		return // queued again when the dependency converges
+	}
+	now := time.Now()
+	if rs.terminal {
+		rs.inFlight, rs.phase, rs.phaseStart, rs.phaseLimit = true, "", now, 0
+		d.mu.Unlock()
+		if d.terminalHeld(eng, gen, addr, rs) {
+			return
+		}
+		d.mu.Lock()
+	} else if now.Before(rs.until) {
+		// Queued while it waits (its watch saw it die again): not converged, whatever
+		// it was, until a reconcile says so.
+		rs.converged = false
+		rs.step = &agent.Step{Addr: addr, Diff: lastDiff(rs), Err: fmt.Errorf("%s: %w (%d failures, next try in %s): last error: %s",
+			addr, ErrBackoff, rs.failures, time.Until(rs.until).Round(100*time.Millisecond), lastFailure(rs))}
+		d.queue.AddAfter(addr, time.Until(rs.until))
+		d.mu.Unlock()
+		d.publish()
+		return
+	}
+	rs.inFlight, rs.phase, rs.phaseStart, rs.phaseLimit = true, "", now, 0
+	d.mu.Unlock()
+
+	ctx := agent.WithPhase(d.work, d.notePhase)
+	st := eng.Reconcile(ctx, addr)
+	d.finish(eng, gen, addr, rs, st, now)
+}
+
+// terminalHeld observes a resource under a terminal hold (never acting) and reports
+// whether the hold stands. The hold ends when the observation differs from the one it
+// was taken on: the host moved (the foreign port holder went away, the instance was
+// replaced by hand), so trying again may now work.
+func (d *Daemon) terminalHeld(eng *agent.Engine, gen int, addr string, rs *resState) bool {
+	diff, err := eng.Observe(agent.WithPhase(d.work, d.notePhase), addr)
+	seen := fingerprint(diff, err)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs.inFlight, rs.phase = false, ""
+	if rs.holdSeen == "" {
+		rs.holdSeen = seen
+	}
+	if seen != rs.holdSeen {
+		d.log.Info("the host changed under a terminal error; trying again", "resource", addr)
+		rs.terminal, rs.holdSeen, rs.failures, rs.until = false, "", 0, time.Time{}
+		return false
+	}
+	rs.step = &agent.Step{Addr: addr, Diff: diff, Err: fmt.Errorf("%s: %w (terminal error: %s)", addr, ErrTerminalHold, lastFailure(rs))}
+	d.queue.AddAfter(addr, d.resync())
+	go d.publish()
+	return true
+}
+
+// fingerprint is what an observation says, without the clock: equal fingerprints mean
+// the host did not move.
+func fingerprint(d *agent.Diff, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	var b strings.Builder
+	b.WriteString(string(d.Action))
+	for _, c := range d.Changes {
+		fmt.Fprintf(&b, "\x00%s\x00%s\x00%s", c.Attr, c.Old, c.New)
+	}
+	return b.String()
+}
+
+// notePhase records that a guarded step of addr starts: the watchdog judges it against
+// its own limit.
+func (d *Daemon) notePhase(addr, what string, limit time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rs := d.res[addr]; rs != nil && rs.inFlight {
+		rs.phase, rs.phaseStart, rs.phaseLimit = what, time.Now(), limit
+	}
+}
+
+// state returns addr's state, creating it (under d.mu).
+func (d *Daemon) state(addr string) *resState {
+	rs := d.res[addr]
+	if rs == nil {
+		rs = &resState{}
+		d.res[addr] = rs
+	}
+	return rs
+}
+
+// resync is a resource's next routine observation: the interval, jittered by ±10 % so
+// that resources do not observe in lockstep.
+func (d *Daemon) resync() time.Duration {
+	iv := d.cfg.Interval
+	if iv <= 0 && d.plan != nil && d.plan.Agent.Interval > 0 {
+		iv = d.plan.Agent.Interval
+	}
+	if iv <= 0 {
+		iv = DefaultInterval
+	}
+	return time.Duration(float64(iv) * (0.9 + 0.2*rand.Float64()))
+}
+
+// backoff is the wait after n failures in a row: doubling from BackoffMin, jittered by
+// ±20 %, capped at BackoffMax.
+func (d *Daemon) backoff(n int) time.Duration {
+	lo, hi := orDefault(d.cfg.BackoffMin, DefaultBackoffMin), orDefault(d.cfg.BackoffMax, DefaultBackoffMax)
+	w := lo << min(n-1, 20)
+	if w <= 0 || w > hi {
+		w = hi
+	}
+	return min(time.Duration(float64(w)*(0.8+0.4*rand.Float64())), hi)
+}
+
+// finish records a reconcile's outcome and schedules the resource's next turn.
+func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
+	d.mu.Lock()
+	rs.inFlight, rs.phase = false, ""
+	now := time.Now()
+	was := rs.converged && rs.gen == gen // converged under this engine before this reconcile
+	if errors.Is(st.Err, ErrStopping) {
+		d.mu.Unlock()
+		return
+	}
+	d.metrics.reconciles.WithLabelValues(addr).Inc()
+	d.metrics.duration.WithLabelValues(addr).Observe(st.Duration.Seconds())
+	drift := st.Diff != nil && st.Diff.Action != agent.NoOp
+	if drift && rs.downSince.IsZero() {
+		rs.downSince = start
+	}
+	// Drift is what stands after the reconcile: a verified repair leaves none, an orphan
+	// the loop does not prune (a warning) or a failure leaves it.
+	d.metrics.drift.WithLabelValues(addr).Set(map[bool]float64{false: 0, true: 1}[drift && (st.Err != nil || !st.Applied)])
+	rs.step, rs.done, rs.gen = st, now, gen
+	next := d.resync()
+	stable := orDefault(d.cfg.Stable, DefaultStable)
+	if st.Err == nil {
+		if st.Applied {
+			rs.repairs++
+			took := now.Sub(rs.downSince)
+			d.metrics.repairs.WithLabelValues(addr).Inc()
+			d.metrics.repairTime.WithLabelValues(addr).Observe(took.Seconds())
+			d.log.Info("converged", "resource", addr, "action", string(st.Diff.Action), "time_to_repair", took.Round(time.Millisecond).String())
+			if !rs.verified.IsZero() && start.Sub(rs.verified) < stable {
+				// It was verified moments ago and had to be repaired already: a crash
+				// loop, whose next repair waits its backoff. Each generation's quote
+				// (the Check's warnings name its log's failure) goes to the history.
+				rs.failures++
+				rs.until = now.Add(d.backoff(rs.failures))
+				after := start.Sub(rs.verified)
+				if rs.lastFire.After(rs.verified) {
+					after = rs.lastFire.Sub(rs.verified) // when its watch saw it go
+				}
+				d.addFailure(rs, now, fmt.Sprintf("%s: needed a %s %s after it was verified%s", addr, st.Diff.Action,
+					after.Round(100*time.Millisecond), warnings(st.Diff)))
+				d.metrics.failures.WithLabelValues(addr).Inc()
+			}
+		}
+		if st.Applied || rs.verified.IsZero() {
+			rs.verified = now // a new generation: its stable period starts
+		}
+		if now.Sub(rs.verified) >= stable {
+			rs.failures = 0
+		}
+		if !st.Applied || rs.until.Before(now) {
+			rs.until = time.Time{}
+		}
+		rs.converged, rs.terminal, rs.holdSeen, rs.downSince = true, false, "", time.Time{}
+		if st.Applied || !was {
+			eng.Record(st) // its dependencies, for ordering it as an orphan one day
+		}
+		if !was || st.Applied {
+			for _, dep := range eng.Dependents(addr) {
+				d.queue.Add(dep)
+			}
+		}
+		d.armWatch(eng, gen, addr, rs)
+	} else {
+		rs.converged = false
+		if rs.downSince.IsZero() {
+			rs.downSince = start
+		}
+		if !rs.verified.IsZero() && now.Sub(rs.verified) >= stable {
+			rs.failures = 0
+		}
+		rs.verified = time.Time{}
+		rs.failures++
+		wait := d.backoff(rs.failures)
+		rs.until = now.Add(wait)
+		rs.terminal = agent.IsTerminal(st.Err)
+		rs.holdSeen = ""
+		if rs.terminal && st.Diff == nil {
+			rs.holdSeen = fingerprint(nil, st.Err) // it failed observing: that is what it saw
+		}
+		d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
+		d.metrics.failures.WithLabelValues(addr).Inc()
+		d.log.Error("resource failed", "resource", addr, "error", st.Err, "failures", rs.failures, "retry_in", wait.Round(time.Millisecond).String(), "terminal", rs.terminal)
+		if !rs.terminal {
+			next = wait
+		}
+		for _, dep := range eng.Dependents(addr) {
+			d.queue.Add(dep) // they report the root cause of their wait
+		}
+	}
+	if d.allConverged(eng, gen) {
+		d.metrics.lastSuccess.SetToCurrentTime()
+	}
+	d.queue.AddAfter(addr, next)
+	rs.inFlight, rs.phaseStart, rs.phaseLimit = true, now, 0 // the status below is a step too
+	d.mu.Unlock()
+
+	// What /status and the metrics show: the resource's own status, observed now.
+	var seen *agent.Diff
+	if st.Err == nil {
+		seen = agent.NoChange()
+	}
+	sst := eng.StatusOf(agent.WithPhase(d.work, d.notePhase), addr, seen)
+	d.mu.Lock()
+	rs.status = sst
+	rs.inFlight, rs.phase = false, ""
+	d.mu.Unlock()
+	d.publish()
+}
+
+// warnings is the diff's warnings (a dead server's log failure), for a failure's record.
+func warnings(d *agent.Diff) string {
+	if d == nil || len(d.Warnings) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(d.Warnings, "; ") + ")"
+}
+
+func (d *Daemon) addFailure(rs *resState, at time.Time, msg string) {
+	rs.history = append(rs.history, failure{at: at, err: msg})
+	if len(rs.history) > historyLen {
+		rs.history = rs.history[len(rs.history)-historyLen:]
+	}
+}
+
+func lastFailure(rs *resState) string {
+	if len(rs.history) == 0 {
+		return "unknown"
+	}
+	return rs.history[len(rs.history)-1].err
+}
+
+func lastDiff(rs *resState) *agent.Diff {
+	if rs.step != nil {
+		return rs.step.Diff
+	}
+	return nil
+}
+
+// allConverged reports whether every resource of the engine last verified converged
+// (under d.mu).
+func (d *Daemon) allConverged(eng *agent.Engine, gen int) bool {
+	for _, a := range eng.Addrs() {
+		rs := d.res[a]
+		if rs == nil || !rs.converged || rs.gen != gen {
+			return false
+		}
+	}
+	return true
+}
+
+// armWatch starts watching a resource that just verified converged, when its kind can
+// (agent.Watcher); a change it notices queues the resource at once (under d.mu).
+func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState) {
+	if rs.watchCancel != nil || d.stopping.Load() {
+		return
+	}
+	ctx, cancel := context.WithCancel(d.work)
+	rs.watchID++
+	id := rs.watchID
+	rs.watchCancel = cancel
+	go func() {
+		err := eng.Watch(ctx, addr)
+		if ctx.Err() != nil {
+			return
+		}
+		d.mu.Lock()
+		mine := d.res[addr] == rs && rs.watchID == id && d.engGen == gen
+		if mine {
+			rs.watchCancel = nil
+		}
+		cancel()
+		if !mine || err != nil {
+			d.mu.Unlock()
+			if err != nil && !errors.Is(err, agent.ErrNothingToWatch) {
+				d.log.Debug("watch failed; the resync interval still applies", "resource", addr, "error", err)
+			}
+			return
+		}
+		now := time.Now()
+		if rs.downSince.IsZero() {
+			rs.downSince = now // detection: the time to repair counts from here
+		}
+		wait := max(0, rs.lastFire.Add(watchRefire).Sub(now))
+		rs.lastFire = now
+		d.mu.Unlock()
+		d.log.Info("change noticed; reconciling now", "resource", addr)
+		d.queue.AddAfter(addr, wait)
+	}()
+}
+
+// summaryLine is the one-line STATUS= for systemctl status.
+func (d *Daemon) summaryLine() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.running {
+		if d.waiting != "" {
+			return "waiting: " + d.waiting
+		}
+		return "starting"
+	}
+	var conv, failing, waiting, pending int
+	for _, a := range d.eng.Addrs() {
+		rs := d.res[a]
+		switch {
+		case rs == nil || rs.step == nil:
+			pending++
+		case rs.converged && rs.gen == d.engGen:
+			conv++
+		case rs.step.Err != nil && !held(rs.step.Err) || rs.failures > 0:
+			failing++
+		default:
+			var w *WaitingError
+			if rs.step.Err != nil && errors.As(rs.step.Err, &w) {
+				waiting++
+			} else {
+				pending++
+			}
+		}
+	}
+	s := fmt.Sprintf("%d resources: %d converged, %d failing", len(d.eng.Addrs()), conv, failing)
+	if waiting > 0 {
+		s += fmt.Sprintf(", %d waiting for dependencies", waiting)
+	}
+	if pending > 0 {
+		s += fmt.Sprintf(", %d in progress", pending)
+	}
+	if d.lastErr != "" {
+		s += "; new plan invalid, running the last good one"
+	}
+	return s
+}
+
+// publish refreshes the STATUS= line (when it changed) and the status metrics.
+func (d *Daemon) publish() {
+	line := d.summaryLine()
+	d.mu.Lock()
+	changed := line != d.summary
+	d.summary = line
+	d.mu.Unlock()
+	if changed {
+		d.notify.Status(line)
+	}
+	rep, p := d.report()
+	if rep != nil {
+		d.metrics.setStatus(rep, p)
+	}
+}
