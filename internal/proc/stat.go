@@ -72,6 +72,14 @@ func ParseStat(b []byte) (Stat, error) {
 		{"pgrp", &s.PGRP, f[2]},
 		{"session", &s.Session, f[3]},
 	} {
+		if string(p.v) == "-1" {
+			// "none": seen for a process that is exiting (its group and session already
+			// released). It is read as 0, which every caller already takes for "no
+			// group/session to signal" (as for one outside the PID namespace): a -1 kept
+			// as a group id would make kill(-pgid) signal PID 1.
+			*p.dst = 0
+			continue
+		}
 		if *p.dst, err = parseInt(p.v); err != nil {
 			return Stat{}, fmt.Errorf("%w: %s: %w", ErrBadStat, p.name, err)
 		}

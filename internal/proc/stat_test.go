@@ -44,7 +44,15 @@ func TestParseStat(t *testing.T) {
 			in:   "1 (init) S 0 0 0 " + strings.Replace(tail, "80921", "18446744073709551615", 1) + "\n",
 			want: Stat{PID: 1, Comm: "init", State: 'S', StartTicks: 18446744073709551615},
 		},
+		{
+			// An exiting process whose group and session are already released: seen as
+			// "-1" on this CI's kernel; one such line must not fail a whole listing.
+			name: "exiting: no group or session",
+			in:   "77 (python3) Z 1 -1 -1 " + tail,
+			want: Stat{PID: 77, Comm: "python3", State: 'Z', PPID: 1, PGRP: 0, Session: 0, StartTicks: 80921},
+		},
 		{name: "empty", in: "", err: true},
+		{name: "other negative group", in: "1 (init) S 0 -2 0 " + tail, err: true},
 		{name: "no parentheses", in: "1 init S 0 0 0 " + tail, err: true},
 		{name: "close before open", in: "1 )init( S 0 0 0 " + tail, err: true},
 		{name: "short line", in: "1 (init) S 0 0 0 0 -1", err: true},
