@@ -383,8 +383,15 @@ func TestResumeAfterKill(t *testing.T) {
 func TestMain(m *testing.M) {
 	if u := os.Getenv("FETCH_HELPER_URL"); u != "" {
 		opts := testOptions(os.Getenv("FETCH_HELPER_DEST"))
+		size := int64(1 << 20)
+		if os.Getenv("FETCH_HELPER_RANGED") != "" {
+			opts = rangedOptions(os.Getenv("FETCH_HELPER_DEST"))
+			opts.Connections = killConnections
+			opts.CheckpointEvery = killCheckpoint
+			size = killSize
+		}
 		opts.StallTimeout = time.Hour
-		f := fetch.File{Name: "model.bin", URL: u, Size: 1 << 20, SHA256: os.Getenv("FETCH_HELPER_SHA")}
+		f := fetch.File{Name: "model.bin", URL: u, Size: size, SHA256: os.Getenv("FETCH_HELPER_SHA")}
 		fetch.Fetch(context.Background(), []fetch.File{f}, opts)
 		fmt.Fprintln(os.Stderr, "helper was not killed")
 		os.Exit(3)

@@ -1,0 +1,259 @@
+package fetch_test
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/internal/fetch"
+	"github.com/agent-dev/agent/internal/fetch/fetchtest"
+)
+
+const piece = 256 << 10 // PieceSize in the range tests
+
+func rangedOptions(dest string) fetch.Options {
+	o := testOptions(dest)
+	o.PieceSize = piece
+	o.Connections = 8
+	return o
+}
+
+// TestRangesBeatAConnectionCap: a server that caps each connection at 1 MiB/s and delays
+// the first byte serves a 4 MiB file over 8 connections at once, each byte once, and the
+// file lands whole and verified in a fraction of the time one connection would take.
+func TestRangesBeatAConnectionCap(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	dest := t.TempDir()
+	data := content(4<<20, 50)
+	f := add(s, "model.bin", data)
+	s.SetFault("/model.bin", fetchtest.Fault{Rate: 1 << 20, FirstByteDelay: 20 * time.Millisecond})
+	start := time.Now()
+	res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
+	if err != nil {
+		t.Fatalf("Fetch: %v", err)
+	}
+	took := time.Since(start)
+	wantFile(t, dest, "model.bin", data)
+	st := s.Stats("/model.bin")
+	t.Logf("took %v, stats %+v, result %+v", took, st, res.Files[0])
+	if st.MaxInFlight < 8 {
+		t.Errorf("at most %d requests at once, want 8 connections", st.MaxInFlight)
+	}
+	if st.BytesSent != int64(len(data)) {
+		t.Errorf("server sent %d bytes for a %d-byte file: something was fetched twice", st.BytesSent, len(data))
+	}
+	if st.RangeGETs < len(data)/piece {
+		t.Errorf("%d range GETs, want one per piece (%d)", st.RangeGETs, len(data)/piece)
+	}
+	// One connection would need 4 s; eight need about 0.5 s. Allow a loaded machine.
+	if took > 3*time.Second {
+		t.Errorf("took %v: the connections did not add up", took)
+	}
+}
+
+// TestRangeFaults: each fault on the range path ends in a correct file or a clear error,
+// never a wrong file in place, and within the bytes it may cost.
+func TestRangeFaults(t *testing.T) {
+	t.Parallel()
+	const size = 2 << 20
+	data := content(size, 60)
+	next := content(size, 61)
+	tests := []struct {
+		name       string
+		fault      fetchtest.Fault
+		expect     []byte
+		wantErr    error
+		wantText   string
+		maxRefetch int64 // bytes sent beyond one copy (-1: no bound)
+		check      func(t *testing.T, st fetchtest.Stats, fr fetch.FileResult)
+	}{
+		{name: "connections dropped mid-range resume their range", fault: fetchtest.Fault{DropAfter: 100 << 10, Times: 6}, expect: data, maxRefetch: 0},
+		{name: "ranges that end early are continued", fault: fetchtest.Fault{MaxRange: 100 << 10}, expect: data, maxRefetch: 0},
+		{name: "close-delimited ranges cut short are continued", fault: fetchtest.Fault{EndCleanlyAfter: 50 << 10, Times: 5}, expect: data, maxRefetch: 0},
+		{name: "wrong bytes once are fetched again", fault: fetchtest.Fault{Corrupt: true, Times: 1}, expect: data, maxRefetch: size},
+		{name: "wrong bytes always fail", fault: fetchtest.Fault{Corrupt: true}, wantErr: fetch.ErrChecksum, maxRefetch: -1},
+		{name: "a server that ignores ranges falls back to one stream", fault: fetchtest.Fault{IgnoreRange: true}, expect: data, maxRefetch: -1,
+			check: func(t *testing.T, st fetchtest.Stats, fr fetch.FileResult) {
+				// The answer to the first range requests (one per connection at most) is
+				// cut off; then one stream.
+				if st.BytesSent > 9*size {
+					t.Errorf("sent %d bytes", st.BytesSent)
+				}
+			}},
+		{name: "a changed file restarts from zero", fault: fetchtest.Fault{ChangeAfter: 3, Next: next}, expect: next, maxRefetch: -1,
+			check: func(t *testing.T, st fetchtest.Stats, fr fetch.FileResult) {
+				if fr.Restarts != 1 {
+					t.Errorf("Restarts = %d, want 1", fr.Restarts)
+				}
+			}},
+		{name: "gzip is refused", fault: fetchtest.Fault{Gzip: true}, wantErr: fetch.ErrCompressed, maxRefetch: -1},
+		{name: "503 with Retry-After is waited for", fault: fetchtest.Fault{Busy: 3, RetryAfter: "1"}, expect: data, maxRefetch: 0,
+			check: func(t *testing.T, st fetchtest.Stats, fr fetch.FileResult) {
+				if st.Busy != 3 {
+					t.Errorf("%d busy answers, want 3", st.Busy)
+				}
+			}},
+		{name: "429 with Retry-After is waited for", fault: fetchtest.Fault{Busy: 2, BusyStatus: 429, RetryAfter: "1"}, expect: data, maxRefetch: 0},
+		{name: "a stall is aborted and its range resumed", fault: fetchtest.Fault{Stall: time.Minute, StallAfter: 10 << 10, Times: 2}, expect: data, maxRefetch: 0},
+		// A signed URL good for 100 KiB: every connection re-resolves through the file's
+		// URL many times, each attempt making progress, and the file finishes.
+		{name: "signed URLs that expire are resolved again", fault: fetchtest.Fault{SignedBytes: 100 << 10}, expect: data, maxRefetch: 0,
+			check: func(t *testing.T, st fetchtest.Stats, fr fetch.FileResult) {
+				if st.Expired == 0 || st.Signed < 20 {
+					t.Errorf("stats %+v: want expired signatures and fresh ones", st)
+				}
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := serve(t)
+			dest := t.TempDir()
+			f := add(s, "model.bin", data)
+			if tc.expect != nil {
+				f.SHA256 = sum(tc.expect)
+			}
+			s.SetFault("/model.bin", tc.fault)
+			opts := rangedOptions(dest)
+			opts.StallTimeout = 300 * time.Millisecond
+			start := time.Now()
+			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
+			took := time.Since(start)
+			fr := res.Files[0]
+			st := s.Stats("/model.bin")
+			t.Logf("took %v, result %+v, stats %+v", took, fr, st)
+			if tc.expect == nil {
+				if err == nil || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) || !strings.Contains(err.Error(), tc.wantText) {
+					t.Fatalf("Fetch = %v, want %v", err, tc.wantErr)
+				}
+				wantAbsent(t, dest, "model.bin")
+				return
+			}
+			if err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			wantFile(t, dest, "model.bin", tc.expect)
+			if refetch := st.BytesSent - int64(len(tc.expect)); tc.maxRefetch >= 0 && refetch > tc.maxRefetch {
+				t.Errorf("sent %d bytes beyond one copy, want at most %d", refetch, tc.maxRefetch)
+			}
+			if tc.fault.RetryAfter != "" && took < time.Second {
+				t.Errorf("took %v: Retry-After: %s was not honoured", took, tc.fault.RetryAfter)
+			}
+			if tc.check != nil {
+				tc.check(t, st, fr)
+			}
+		})
+	}
+}
+
+const (
+	killSize        = 8 << 20
+	killConnections = 10
+	killCheckpoint  = 64 << 10
+)
+
+// TestKillWithRangesInFlight kills a process fetching one file over 10 connections with
+// SIGKILL, several times, each time with every connection stopped at a random offset of
+// its range, and resumes: within one boot nothing is fetched twice. A kill followed by a
+// simulated reboot (a live record of another boot) costs at most one checkpoint per
+// connection.
+//
+// The server counts the bytes it sent, not those the helper read: the test kills only once
+// the helper has written every byte sent (its live record, through Check, says so), as
+// NOTES asks of kill tests.
+func TestKillWithRangesInFlight(t *testing.T) {
+	t.Parallel()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := content(killSize, 70)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+
+	// kill starts a helper, lets every connection run to a random offset of its piece (the
+	// server stalls it there), waits until the helper wrote all that was sent with 8 ranges
+	// or more in flight, and SIGKILLs it.
+	kill := func(t *testing.T, s *fetchtest.Server, f fetch.File, dest string, round int) {
+		var stops []int64
+		for p := int64(0); p < killSize; p += piece {
+			stops = append(stops, p+1+rng.Int64N(piece-1))
+		}
+		s.SetFault("/model.bin", fetchtest.Fault{StallAt: stops})
+		cmd := exec(t, exe, "-test.run=^$", "FETCH_HELPER_URL="+f.URL, "FETCH_HELPER_SHA="+f.SHA256,
+			"FETCH_HELPER_DEST="+dest, "FETCH_HELPER_RANGED=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			st := s.Stats("/model.bin")
+			res, err := fetch.Check(t.Context(), dest, []fetch.File{f})
+			if err == nil && st.InFlight >= 8 && res.Files[0].Partial == st.BytesSent {
+				t.Logf("round %d: SIGKILL with %d ranges in flight, %d bytes sent and written", round, st.InFlight, st.BytesSent)
+				break
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("round %d: the helper never had 8 ranges in flight and every byte sent written (stats %+v, check %+v, %v)", round, st, res, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+	}
+
+	t.Run("same boot", func(t *testing.T) {
+		t.Parallel()
+		s := serve(t)
+		dest := t.TempDir()
+		f := add(s, "model.bin", data)
+		for round := 1; round <= 3; round++ {
+			kill(t, s, f, dest, round)
+		}
+		s.SetFault("/model.bin", fetchtest.Fault{})
+		res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
+		if err != nil {
+			t.Fatalf("resumed Fetch: %v", err)
+		}
+		wantFile(t, dest, "model.bin", data)
+		st := s.Stats("/model.bin")
+		t.Logf("after 3 kills: resumed from %d, stats %+v", res.Files[0].ResumedFrom, st)
+		if twice := st.BytesSent - killSize; twice != 0 {
+			t.Errorf("%d bytes fetched twice after kills within one boot, want 0", twice)
+		}
+	})
+	t.Run("after a reboot", func(t *testing.T) {
+		t.Parallel()
+		s := serve(t)
+		dest := t.TempDir()
+		f := add(s, "model.bin", data)
+		kill(t, s, f, dest, 1)
+		if err := fetch.SimulateReboot(dest, "model.bin"); err != nil {
+			t.Fatal(err)
+		}
+		s.SetFault("/model.bin", fetchtest.Fault{})
+		res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
+		if err != nil {
+			t.Fatalf("resumed Fetch: %v", err)
+		}
+		wantFile(t, dest, "model.bin", data)
+		st := s.Stats("/model.bin")
+		twice := st.BytesSent - killSize
+		t.Logf("after a kill and a reboot: resumed from %d, %d bytes fetched twice", res.Files[0].ResumedFrom, twice)
+		if res.Files[0].ResumedFrom == 0 {
+			t.Errorf("nothing resumed after the reboot: the durable checkpoints were lost")
+		}
+		if limit := int64(killConnections * killCheckpoint); twice > limit {
+			t.Errorf("%d bytes fetched twice after a reboot, want at most one checkpoint per connection (%d)", twice, limit)
+		}
+	})
+}
