@@ -468,11 +468,13 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	}
 	files := det.files
 	unverified := false
+	tokenSent := false
 	if d.hub != nil {
 		token, _, err := d.token()
 		if err != nil {
 			return err
 		}
+		tokenSent = token != ""
 		files = slices.Clone(files)
 		for i := range files {
 			if token != "" {
@@ -501,6 +503,9 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	}
 	res, ferr := fetch.Fetch(ctx, files, opts)
 	rep.finish()
+	if ferr != nil && d.hub != nil {
+		ferr = hubFetchError(ferr, d.hub, tokenSent)
+	}
 	var errs []error
 	if ferr != nil {
 		failed := 0

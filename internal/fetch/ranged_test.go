@@ -257,3 +257,53 @@ func TestKillWithRangesInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestExpiringSignedURLsOneStream: a 6 MiB file behind a Hub whose signed CDN URLs expire
+// every 1 MiB, fetched as one stream (Connections = 1) with the default three retries,
+// finishes in one Fetch: every attempt re-resolves through the file's URL and makes
+// progress, which resets the budget. It used to give up after 4 attempts.
+func TestExpiringSignedURLsOneStream(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	dest := t.TempDir()
+	data := content(6<<20, 80)
+	f := add(s, "model.bin", data)
+	s.SetFault("/model.bin", fetchtest.Fault{SignedBytes: 1 << 20})
+	opts := testOptions(dest)
+	opts.Connections = 1
+	res, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
+	st := s.Stats("/model.bin")
+	t.Logf("result %+v, stats %+v", res.Files[0], st)
+	if err != nil {
+		t.Fatalf("Fetch: %v", err)
+	}
+	wantFile(t, dest, "model.bin", data)
+	if res.Files[0].Attempts < 6 || st.Expired == 0 {
+		t.Errorf("%d attempts, %d expired signatures: want one attempt per signed MiB", res.Files[0].Attempts, st.Expired)
+	}
+}
+
+// TestRetryAfterOneStream: a 429 with Retry-After on the single-stream path is waited for,
+// and a server that only ever answers 503 still runs out of attempts.
+func TestRetryAfterOneStream(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	data := content(100<<10, 81)
+	f := add(s, "model.bin", data)
+	s.SetFault("/model.bin", fetchtest.Fault{Busy: 1, BusyStatus: 429, RetryAfter: "1"})
+	opts := testOptions(t.TempDir())
+	start := time.Now()
+	if _, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts); err != nil {
+		t.Fatalf("Fetch: %v", err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("took %v: Retry-After: 1 was not honoured", took)
+	}
+
+	s.SetFault("/model.bin", fetchtest.Fault{Busy: 1000})
+	_, err := fetch.Fetch(t.Context(), []fetch.File{f}, testOptions(t.TempDir()))
+	var se *fetch.StatusError
+	if !errors.As(err, &se) || se.Status != 503 || !strings.Contains(err.Error(), "giving up after 4 attempts") {
+		t.Fatalf("Fetch = %v, want a 503 StatusError after 4 attempts", err)
+	}
+}
