@@ -38,9 +38,12 @@ func sum(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
+// testOptions fetch each file as one stream (on grab): the tests of this file are about
+// that path; ranged_test.go uses rangedOptions.
 func testOptions(dest string) fetch.Options {
 	return fetch.Options{
 		Dest:            dest,
+		Connections:     1,
 		CheckpointEvery: ckpt,
 		RetryBackoff:    time.Millisecond,
 		StallTimeout:    10 * time.Second,

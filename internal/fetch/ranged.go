@@ -20,7 +20,7 @@ import (
 )
 
 // Parallel ranges within one file. A file of known size larger than one piece is cut into
-// pieces (16–64 MiB); up to Options.Connections range workers per file, within
+// pieces (16–64 MiB, smaller for files under 128 MiB); up to Options.Connections range workers per file, within
 // Options.MaxConnections for the whole Fetch, each take the lowest piece nobody holds and
 // GET it with a Range request on its own connection, writing at the piece's offset of the
 // partial file (pre-sized, sparse). A per-connection cap of a CDN (16 MiB/s is typical) then
@@ -61,21 +61,24 @@ const (
 	rangedVersion = 2
 	minPiece      = 16 << 20
 	maxPiece      = 64 << 20
+	minSharePiece = 1 << 20 // smaller files are not worth a request per connection
 	hashChunk     = 1 << 20
 )
 
 // errNoRanges: the server answered a range request with the whole file.
 var errNoRanges = errors.New("the server ignores byte ranges")
 
-// pieceSize is the piece length for a file of size fetched over conns connections: four
-// pieces per connection (so the prefix the hasher follows keeps moving), between 16 and
-// 64 MiB (so a CDN's time to first byte stays a small share of each request).
+// pieceSize is the piece length for a file of size fetched over Connections connections:
+// four pieces per connection (so the prefix the hasher follows keeps moving), between 16 and
+// 64 MiB (so a CDN's time to first byte stays a small share of each request), but no more
+// than a connection's share, so that a 64 MiB file still uses every connection.
 func (r *run) pieceSize(size int64) int64 {
 	if r.opts.PieceSize > 0 {
 		return r.opts.PieceSize
 	}
-	p := size / int64(4*r.opts.Connections)
-	return min(max(p, minPiece), maxPiece)
+	conns := int64(r.opts.Connections)
+	p := min(max(size/(4*conns), minPiece), maxPiece)
+	return max(min(p, (size+conns-1)/conns), minSharePiece)
 }
 
 // useRanges says whether f is fetched in pieces: its size is known and spans two pieces or
