@@ -591,7 +591,9 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 	off, want := cs, ce-cs+1
 	body := io.LimitReader(resp.Body, want)
 	for want > 0 {
-		n, rerr := body.Read(buf[:min(int64(len(buf)), want)])
+		// Never read past this worker's next checkpoint: what a reboot can cost stays
+		// within one checkpoint per range.
+		n, rerr := body.Read(buf[:max(min(int64(len(buf)), want, rf.r.opts.CheckpointEvery-*sinceCk), 1)])
 		if n > 0 {
 			if _, err := rf.fd.WriteAt(buf[:n], off); err != nil {
 				return err
