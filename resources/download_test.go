@@ -577,6 +577,12 @@ func TestDownloadBindErrors(t *testing.T) {
 		{"stall", `dest = "/m"
   stall_timeout = "soon"
   huggingface { repo = "a/b" }`, "Invalid duration"},
+		{"connections", `dest = "/m"
+  connections = 0
+  huggingface { repo = "a/b" }`, "Invalid connections"},
+		{"max_connections", `dest = "/m"
+  max_connections = 1000
+  huggingface { repo = "a/b" }`, "Invalid max_connections"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -705,5 +711,32 @@ func TestDownloadSurvivesSIGKILL(t *testing.T) {
 	}
 	if b, err := run("plan").CombinedOutput(); err != nil || !strings.Contains(string(b), "No changes") {
 		t.Errorf("plan after resume: %v\n%s", err, b)
+	}
+}
+
+// TestDownloadRangesThroughExpiringSignedURLs (issue 15): one apply brings a file over
+// `connections` ranges at once from a server whose signed URLs expire every 256 KiB and that
+// caps each connection: the ranges are in flight together, every expiry is re-resolved
+// without exhausting the retries, and nothing is fetched twice.
+func TestDownloadRangesThroughExpiringSignedURLs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := fetchtest.NewServer()
+	t.Cleanup(s.Close)
+	files := map[string][]byte{"a.bin": randBytes(6<<20, 20)}
+	s.Set("/a.bin", files["a.bin"])
+	s.SetFault("/a.bin", fetchtest.Fault{SignedBytes: 256 << 10, Rate: 4 << 20})
+	mustApply(t, engine(t, dir, explicitPlan(s, files, "  connections = 6\n  max_connections = 6\n")))
+	wantContent(t, filepath.Join(dir, "w", "a.bin"), files["a.bin"])
+	st := s.Stats("/a.bin")
+	t.Logf("stats %+v", st)
+	if st.MaxInFlight < 2 || st.MaxInFlight > 6 {
+		t.Errorf("%d ranges at once, want between 2 and connections = 6", st.MaxInFlight)
+	}
+	if st.Expired == 0 {
+		t.Errorf("no signature expired: the test proves nothing")
+	}
+	if st.BytesSent > int64(len(files["a.bin"]))+6*(256<<10) {
+		t.Errorf("%d bytes sent for %d: more than a cut-off signature's worth per connection fetched twice", st.BytesSent, len(files["a.bin"]))
 	}
 }

@@ -485,6 +485,9 @@ func (rf *rangedFile) work(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
+			// The next attempt re-resolves through the file's URL: a signed CDN URL
+			// that failed may have expired.
+			rf.signed.Store(nil)
 			var re *restartError
 			var pe *permanentError
 			if errors.Is(err, errNoRanges) || errors.As(err, &re) || errors.As(err, &pe) || permanent(err) || isDiskFull(err) {
