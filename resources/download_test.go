@@ -642,7 +642,8 @@ func TestNextLink(t *testing.T) {
 // TestDownloadSurvivesSIGKILL kills a real `agent apply` (SIGKILL) in the middle of a
 // download, checks that `agent status` in another process saw its progress, restarts it, and
 // checks the file completes, is correct, and that the bytes fetched again are under one
-// checkpoint (checkpoint_every = 64 KiB here).
+// checkpoint (checkpoint_every = 64 KiB here). It runs the single stream (connections = 1);
+// the ranges' kill test is fetch's TestKillWithRangesInFlight.
 func TestDownloadSurvivesSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the agent binary")
@@ -658,7 +659,7 @@ func TestDownloadSurvivesSIGKILL(t *testing.T) {
 	// The first GET sends 2 MiB and a bit, then hangs: the agent is killed there.
 	s.SetFault("/a.bin", fetchtest.Fault{Stall: time.Hour, StallAfter: stopAt, Times: 1})
 	plan := filepath.Join(dir, "plan.hcl")
-	os.WriteFile(plan, []byte(explicitPlan(s, map[string][]byte{"a.bin": data}, "  checkpoint_every = 65536\n  stall_timeout = \"1h\"\n")), 0o644)
+	os.WriteFile(plan, []byte(explicitPlan(s, map[string][]byte{"a.bin": data}, "  checkpoint_every = 65536\n  stall_timeout = \"1h\"\n  connections = 1\n")), 0o644)
 	run := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(bin, append(args, plan, "--state-dir", filepath.Join(dir, "state"))...)
 		cmd.Env = append(os.Environ(), "AGENT_VAR_root="+dir)
