@@ -186,7 +186,7 @@ func TestKillWithRangesInFlight(t *testing.T) {
 	// kill runs a helper until 8 ranges or more are in flight, waits a random 0–30 ms,
 	// SIGKILLs it, and returns the bytes sent so far that no helper wrote.
 	//
-	// With minWritten > 0 the connections are capped at 2 MiB/s instead of held, and the
+	// With minWritten > 0 the connections are capped at 256 KiB/s instead of held, and the
 	// kill waits until the helper wrote minWritten bytes.
 	kill := func(t *testing.T, rng *rand.Rand, s *fetchtest.Server, f fetch.File, dest string, round int, minWritten int64) (lost, written int64) {
 		var stops []int64
@@ -195,7 +195,8 @@ func TestKillWithRangesInFlight(t *testing.T) {
 		}
 		fault := fetchtest.Fault{StallAt: stops}
 		if minWritten > 0 {
-			fault = fetchtest.Fault{Rate: 2 << 20}
+			// Paced, and held in the last quarter so the helper cannot finish first.
+			fault = fetchtest.Fault{Rate: 256 << 10, StallAt: []int64{killSize * 3 / 4}}
 		}
 		s.SetFault("/model.bin", fault)
 		cmd := exec(t, exe, "-test.run=^$", "FETCH_HELPER_URL="+f.URL, "FETCH_HELPER_SHA="+f.SHA256,
