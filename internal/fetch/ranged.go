@@ -416,15 +416,28 @@ func (rf *rangedFile) saveSidecar(syncDir bool) error {
 	return nil
 }
 
+// tryCheckpoint checkpoints unless a checkpoint is already running; it reports whether it did.
+func (rf *rangedFile) tryCheckpoint() (bool, error) {
+	if !rf.ckMu.TryLock() {
+		return false, nil
+	}
+	defer rf.ckMu.Unlock()
+	return true, rf.checkpointLocked()
+}
+
 // checkpoint makes every byte written so far durable and records it: the pieces' written
 // counts and the hash state are taken first, then the file is fsynced, then the sidecar is
 // replaced, so the sidecar never claims a byte that is not on disk.
 func (rf *rangedFile) checkpoint() error {
+	rf.ckMu.Lock()
+	defer rf.ckMu.Unlock()
+	return rf.checkpointLocked()
+}
+
+func (rf *rangedFile) checkpointLocked() error {
 	if rf.fd == nil {
 		return nil
 	}
-	rf.ckMu.Lock()
-	defer rf.ckMu.Unlock()
 	rf.mu.Lock()
 	done := append([]int64(nil), rf.written...)
 	hashOff, hashState, etag := rf.hashOff, rf.hashState, rf.etag
@@ -594,9 +607,13 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 	off, want := cs, ce-cs+1
 	body := io.LimitReader(resp.Body, want)
 	for want > 0 {
-		// Never read past this worker's next checkpoint: what a reboot can cost stays
-		// within one checkpoint per range.
-		n, rerr := body.Read(buf[:max(min(int64(len(buf)), want, rf.r.opts.CheckpointEvery-*sinceCk), 1)])
+		// Never read past this worker's next checkpoint (unless another worker's is being
+		// synced): what a reboot can cost stays within about one checkpoint per range.
+		limit := min(int64(len(buf)), want)
+		if left := rf.r.opts.CheckpointEvery - *sinceCk; left > 0 {
+			limit = min(limit, left)
+		}
+		n, rerr := body.Read(buf[:limit])
 		if n > 0 {
 			if _, err := rf.fd.WriteAt(buf[:n], off); err != nil {
 				return err
@@ -606,10 +623,15 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 			last.touch()
 			rf.wrote(i, off-int64(i)*rf.piece, int64(n))
 			if *sinceCk += int64(n); *sinceCk >= rf.r.opts.CheckpointEvery {
-				if err := rf.checkpoint(); err != nil {
+				// While another worker's checkpoint syncs, keep streaming and try again
+				// after the next read: waiting for it would stall this connection.
+				done, err := rf.tryCheckpoint()
+				if err != nil {
 					return err
 				}
-				*sinceCk = 0
+				if done {
+					*sinceCk = 0
+				}
 			}
 		}
 		if rerr == io.EOF && want > 0 {
