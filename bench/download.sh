@@ -1,68 +1,86 @@
 #!/usr/bin/env bash
-# Download benchmark (issue 3, point 7): the agent against curl and aria2c on loopback.
+# Download benchmark (issues 3 and 15): the agent against aria2c and curl on loopback, each
+# against the others in one run.
 #
-#   bench/download.sh                       # 1 × 4 GiB and 8 × 512 MiB
-#   BIG_MIB=256 SMALL_MIB=32 bench/download.sh   # a quick run
+#   bench/download.sh                                  # full run
+#   CAP_MIB=64 BIG_MIB=1024 MID_MIB=256 bench/download.sh   # a quick run
 #
-# Prints throughput per tool and the ratios, the agent's peak RSS (GNU time's maximum
-# resident set size), and the bytes fetched again after the agent is SIGKILLed at 45% of
-# the big file (the default checkpoint is 64 MiB; the server counts bytes it wrote, so what
-# was in the loopback socket buffers when the agent died counts as fetched again).
-# Env: BIG_MIB (4096), SMALL_MIB (512), SMALL_N (8), CONCURRENCY (4), WORK (a temp dir).
+# 1. A capped CDN: CAP_N × CAP_MIB MiB from bench/downloadserve pacing each connection at
+#    RATE_MIB MiB/s after DELAY of time to first byte (model CDNs cap each connection):
+#    the agent (concurrency CAP_N, connections CONNECTIONS per file, at most MAX_CONNECTIONS)
+#    vs `aria2c -x16 -s16 -j CAP_N` vs `curl --parallel`. The agent's peak RSS here is with
+#    CAP_N × CONNECTIONS connections (32 by default).
+# 2. Uncapped: one MID_MIB and one BIG_MIB file, the agent (start-up, sha256, fsync and rename
+#    included) vs curl and vs curl followed by `sync` of its file (the agent makes its file
+#    durable before the rename; curl does not).
+# 3. SIGKILL of the agent at 45 % of the MID_MIB file, then a resume: the bytes fetched again.
+# Needs curl, aria2c (Debian package aria2; the bench only, no test needs it), GNU time, bc.
 set -euo pipefail
 
+CAP_N=${CAP_N:-4}
+CAP_MIB=${CAP_MIB:-128}
+RATE_MIB=${RATE_MIB:-16}
+DELAY=${DELAY:-20ms}
+CONNECTIONS=${CONNECTIONS:-8}
+MAX_CONNECTIONS=${MAX_CONNECTIONS:-32}
+MID_MIB=${MID_MIB:-512}
 BIG_MIB=${BIG_MIB:-4096}
-SMALL_MIB=${SMALL_MIB:-512}
-SMALL_N=${SMALL_N:-8}
-CONCURRENCY=${CONCURRENCY:-4}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/agent-bench.XXXXXX)}
 mkdir -p "$WORK"/src
-SERVER_PID=
+PIDS=()
 cleanup() {
-	[ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null || true
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	[ -z "${KEEP:-}" ] && rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-for tool in curl aria2c /usr/bin/time; do
-	command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y curl aria2 time)" >&2; exit 1; }
+for tool in curl aria2c /usr/bin/time bc; do
+	command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y curl aria2 time bc)" >&2; exit 1; }
 done
 
 echo "== build"
 (cd "$ROOT" && CGO_CFLAGS=${CGO_CFLAGS:--Wno-deprecated-declarations} go build -o "$WORK/agent" . && go build -o "$WORK/serve" ./bench/downloadserve)
 
-echo "== data: 1 × ${BIG_MIB} MiB, ${SMALL_N} × ${SMALL_MIB} MiB (urandom)"
+echo "== data: $CAP_N × ${CAP_MIB} MiB, ${MID_MIB} MiB, ${BIG_MIB} MiB (urandom)"
+for i in $(seq 1 "$CAP_N"); do head -c $((CAP_MIB << 20)) /dev/urandom >"$WORK/src/shard-$i.bin"; done
+head -c $((MID_MIB << 20)) /dev/urandom >"$WORK/src/mid.bin"
 head -c $((BIG_MIB << 20)) /dev/urandom >"$WORK/src/big.bin"
-for i in $(seq 1 "$SMALL_N"); do head -c $((SMALL_MIB << 20)) /dev/urandom >"$WORK/src/part-$i.bin"; done
 (cd "$WORK/src" && sha256sum ./*.bin >"$WORK/sums")
 sync
 
-"$WORK/serve" -dir "$WORK/src" -port-file "$WORK/port" &
-SERVER_PID=$!
-for _ in $(seq 50); do [ -s "$WORK/port" ] && break; sleep 0.1; done
-BASE="http://127.0.0.1:$(cat "$WORK/port")"
-stats() { curl -s "$BASE/_stats"; }
-
-# plan NAME FILES... writes a plan downloading FILES into $WORK/out/NAME.
-plan() {
+# serve NAME ARGS...: starts downloadserve on the data, sets ${NAME}_BASE.
+serve() {
 	local name=$1; shift
+	"$WORK/serve" -dir "$WORK/src" -port-file "$WORK/$name.port" "$@" &
+	PIDS+=($!)
+	for _ in $(seq 100); do [ -s "$WORK/$name.port" ] && break; sleep 0.1; done
+	printf -v "${name}_BASE" 'http://127.0.0.1:%s' "$(cat "$WORK/$name.port")"
+}
+serve cdn -rate $((RATE_MIB << 20)) -delay "$DELAY"
+serve plain
+
+# plan NAME BASE FILES... writes a plan downloading FILES from BASE into $WORK/out/NAME.
+plan() {
+	local name=$1 base=$2; shift 2
 	{
 		echo "download \"$name\" {"
-		echo "  dest        = \"$WORK/out/$name\""
-		echo "  concurrency = $CONCURRENCY"
+		echo "  dest            = \"$WORK/out/$name\""
+		echo "  concurrency     = $CAP_N"
+		echo "  connections     = $CONNECTIONS"
+		echo "  max_connections = $MAX_CONNECTIONS"
 		for f in "$@"; do
 			local sum size
 			sum=$(awk -v f="./$f" '$2 == f {print $1}' "$WORK/sums")
 			size=$(stat -c %s "$WORK/src/$f")
-			printf '  file "%s" {\n    url    = "%s/%s"\n    sha256 = "%s"\n    size   = %s\n  }\n' "$f" "$BASE" "$f" "$sum" "$size"
+			printf '  file "%s" {\n    url    = "%s/%s"\n    sha256 = "%s"\n    size   = %s\n  }\n' "$f" "$base" "$f" "$sum" "$size"
 		done
 		echo "}"
 	} >"$WORK/$name.hcl"
 }
 
 now() { date +%s.%N; }
-# timed LABEL CMD...: runs CMD with a cold destination, prints seconds.
+# timed LABEL CMD...: runs CMD with an empty destination, prints seconds.
 timed() {
 	local label=$1; shift
 	rm -rf "$WORK/out" "$WORK/state"; mkdir -p "$WORK/out"; sync
@@ -75,58 +93,65 @@ timed() {
 mibs() { echo "scale=1; $1 / $2" | bc -l; }
 ratio() { echo "scale=2; $1 / $2" | bc -l; }
 rss() { awk -F': ' '/Maximum resident set size/ {printf "%.1f", $2/1024}' "$1"; }
+maxconns() { curl -s "$cdn_BASE/_maxconns"; }
 
-SMALL_FILES=$(cd "$WORK/src" && ls part-*.bin)
-plan big big.bin
+SHARDS=$(cd "$WORK/src" && ls shard-*.bin)
 # shellcheck disable=SC2086
-plan set $SMALL_FILES
-BIG_TOTAL=$BIG_MIB
-SET_TOTAL=$((SMALL_MIB * SMALL_N))
+plan cap "$cdn_BASE" $SHARDS
+plan mid "$plain_BASE" mid.bin
+plan big "$plain_BASE" big.bin
+CAP_TOTAL=$((CAP_MIB * CAP_N))
 
-echo "== single file (${BIG_MIB} MiB)"
-t_curl_big=$(timed curl-big curl -sf -o "$WORK/out/big.bin" "$BASE/big.bin")
-t_aria_big=$(timed aria2-big aria2c -q -x1 -s1 --file-allocation=none --check-integrity=false -d "$WORK/out" "$BASE/big.bin")
-t_agent_big=$(timed agent-big /usr/bin/time -v -o "$WORK/time-big" "$WORK/agent" apply "$WORK/big.hcl" --state-dir "$WORK/state")
-
-echo "== set (${SMALL_N} × ${SMALL_MIB} MiB, ${CONCURRENCY} at once)"
-urls=(); for f in $SMALL_FILES; do urls+=("$BASE/$f"); done
-curl_args=(); for f in $SMALL_FILES; do curl_args+=(-o "$WORK/out/$f" "$BASE/$f"); done
-t_curl_set=$(timed curl-set curl -sf --parallel --parallel-max "$CONCURRENCY" "${curl_args[@]}")
+echo "== capped CDN: $CAP_N × ${CAP_MIB} MiB, ${RATE_MIB} MiB/s per connection, ${DELAY} to first byte"
+urls=(); for f in $SHARDS; do urls+=("$cdn_BASE/$f"); done
 printf '%s\n' "${urls[@]}" >"$WORK/urls"
-t_aria_set=$(timed aria2-set aria2c -q -j "$CONCURRENCY" -x1 -s1 --file-allocation=none -d "$WORK/out" -i "$WORK/urls")
-t_agent_set=$(timed agent-set /usr/bin/time -v -o "$WORK/time-set" "$WORK/agent" apply "$WORK/set.hcl" --state-dir "$WORK/state")
+curl_args=(); for f in $SHARDS; do curl_args+=(-o "$WORK/out/$f" "$cdn_BASE/$f"); done
+t_cap_agent=$(timed cap-agent /usr/bin/time -v -o "$WORK/time-cap" "$WORK/agent" apply "$WORK/cap.hcl" --state-dir "$WORK/state")
+conns_agent=$(maxconns)
+t_cap_aria=$(timed cap-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/urls")
+t_cap_curl=$(timed cap-curl curl -sf --parallel --parallel-max "$CAP_N" "${curl_args[@]}")
 
-echo "== SIGKILL in the middle of the big file, then resume"
+echo "== uncapped: ${MID_MIB} MiB and ${BIG_MIB} MiB"
+t_mid_curl=$(timed mid-curl curl -sf -o "$WORK/out/mid.bin" "$plain_BASE/mid.bin")
+t_mid_curlsync=$(timed mid-curlsync sh -c "curl -sf -o '$WORK/out/mid.bin' '$plain_BASE/mid.bin' && sync '$WORK/out/mid.bin'")
+t_mid_agent=$(timed mid-agent /usr/bin/time -v -o "$WORK/time-mid" "$WORK/agent" apply "$WORK/mid.hcl" --state-dir "$WORK/state")
+t_big_curl=$(timed big-curl curl -sf -o "$WORK/out/big.bin" "$plain_BASE/big.bin")
+t_big_curlsync=$(timed big-curlsync sh -c "curl -sf -o '$WORK/out/big.bin' '$plain_BASE/big.bin' && sync '$WORK/out/big.bin'")
+t_big_agent=$(timed big-agent /usr/bin/time -v -o "$WORK/time-big" "$WORK/agent" apply "$WORK/big.hcl" --state-dir "$WORK/state")
+
+echo "== SIGKILL at 45 % of the ${MID_MIB} MiB file, then resume"
 rm -rf "$WORK/out" "$WORK/state"; mkdir -p "$WORK/out"
-before=$(stats)
-"$WORK/agent" apply "$WORK/big.hcl" --state-dir "$WORK/state" >"$WORK/kill.log" 2>&1 &
+before=$(curl -s "$plain_BASE/_stats")
+"$WORK/agent" apply "$WORK/mid.hcl" --state-dir "$WORK/state" >"$WORK/kill.log" 2>&1 &
 apid=$!
-# Kill at 45%: not on a checkpoint boundary.
-half=$(((BIG_MIB << 20) * 45 / 100))
+half=$(((MID_MIB << 20) * 45 / 100))
 while kill -0 "$apid" 2>/dev/null; do
-	s=$(stat -c %s "$WORK/out/big/.big.bin.partial" 2>/dev/null || echo 0)
+	s=$(($(curl -s "$plain_BASE/_stats") - before))
 	[ "$s" -ge "$half" ] && break
-	sleep 0.05
+	sleep 0.02
 done
 kill -9 "$apid" 2>/dev/null || true
 wait "$apid" 2>/dev/null || true
-killed_at=$(( $(stats) - before ))
-"$WORK/agent" apply "$WORK/big.hcl" --state-dir "$WORK/state" >>"$WORK/kill.log" 2>&1
-(cd "$WORK/out/big" && sha256sum -c --quiet <(awk '$2 == "./big.bin"' "$WORK/sums"))
-refetched=$(( $(stats) - before - (BIG_MIB << 20) ))
+killed_at=$(($(curl -s "$plain_BASE/_stats") - before))
+"$WORK/agent" apply "$WORK/mid.hcl" --state-dir "$WORK/state" >>"$WORK/kill.log" 2>&1
+(cd "$WORK/out/mid" && sha256sum -c --quiet <(awk '$2 == "./mid.bin"' "$WORK/sums"))
+refetched=$(($(curl -s "$plain_BASE/_stats") - before - (MID_MIB << 20)))
 
 echo
 echo "== results (loopback, $(nproc) cores)"
-printf '%-34s %8s s  %8s MiB/s\n' \
-	"single: curl" "$t_curl_big" "$(mibs $BIG_TOTAL "$t_curl_big")" \
-	"single: aria2c" "$t_aria_big" "$(mibs $BIG_TOTAL "$t_aria_big")" \
-	"single: agent (incl. sha256)" "$t_agent_big" "$(mibs $BIG_TOTAL "$t_agent_big")" \
-	"set: curl --parallel" "$t_curl_set" "$(mibs $SET_TOTAL "$t_curl_set")" \
-	"set: aria2c -j" "$t_aria_set" "$(mibs $SET_TOTAL "$t_aria_set")" \
-	"set: agent (incl. sha256)" "$t_agent_set" "$(mibs $SET_TOTAL "$t_agent_set")"
-echo "ratio single agent/curl:   $(ratio "$t_curl_big" "$t_agent_big")   (target ≥ 0.9)"
-echo "ratio single agent/aria2c: $(ratio "$t_aria_big" "$t_agent_big")"
-echo "ratio set agent/aria2c:    $(ratio "$t_aria_set" "$t_agent_set")   (target ≥ 1.0)"
-echo "ratio set agent/curl:      $(ratio "$t_curl_set" "$t_agent_set")"
-echo "agent peak RSS: single $(rss "$WORK/time-big") MiB, set $(rss "$WORK/time-set") MiB   (target < 64)"
-echo "SIGKILL at $((killed_at >> 20)) MiB sent; bytes fetched again after restart: $refetched ($((refetched >> 20)) MiB; checkpoint 64 MiB)"
+printf '%-44s %8s s  %8s MiB/s\n' \
+	"capped: agent ($CONNECTIONS per file, ≤ $MAX_CONNECTIONS)" "$t_cap_agent" "$(mibs $CAP_TOTAL "$t_cap_agent")" \
+	"capped: aria2c -x16 -s16 -j $CAP_N" "$t_cap_aria" "$(mibs $CAP_TOTAL "$t_cap_aria")" \
+	"capped: curl --parallel" "$t_cap_curl" "$(mibs $CAP_TOTAL "$t_cap_curl")" \
+	"${MID_MIB} MiB: curl" "$t_mid_curl" "$(mibs "$MID_MIB" "$t_mid_curl")" \
+	"${MID_MIB} MiB: curl then sync" "$t_mid_curlsync" "$(mibs "$MID_MIB" "$t_mid_curlsync")" \
+	"${MID_MIB} MiB: agent (sha256, fsync)" "$t_mid_agent" "$(mibs "$MID_MIB" "$t_mid_agent")" \
+	"${BIG_MIB} MiB: curl" "$t_big_curl" "$(mibs "$BIG_MIB" "$t_big_curl")" \
+	"${BIG_MIB} MiB: curl then sync" "$t_big_curlsync" "$(mibs "$BIG_MIB" "$t_big_curlsync")" \
+	"${BIG_MIB} MiB: agent (sha256, fsync)" "$t_big_agent" "$(mibs "$BIG_MIB" "$t_big_agent")"
+echo "ratio capped agent/aria2c:          $(ratio "$t_cap_aria" "$t_cap_agent")   (target ≥ 1.0)"
+echo "ratio capped agent/curl:            $(ratio "$t_cap_curl" "$t_cap_agent")"
+echo "ratio ${MID_MIB} MiB agent/curl-then-sync: $(ratio "$t_mid_curlsync" "$t_mid_agent")   (target ≥ 0.95); agent/curl $(ratio "$t_mid_curl" "$t_mid_agent")"
+echo "ratio ${BIG_MIB} MiB agent/curl-then-sync: $(ratio "$t_big_curlsync" "$t_big_agent")   (target ≥ 0.95); agent/curl $(ratio "$t_big_curl" "$t_big_agent")"
+echo "agent peak RSS: capped $(rss "$WORK/time-cap") MiB with up to $conns_agent connections at once, ${MID_MIB} MiB $(rss "$WORK/time-mid") MiB, ${BIG_MIB} MiB $(rss "$WORK/time-big") MiB   (target < 64)"
+echo "SIGKILL at $((killed_at >> 20)) MiB sent; bytes fetched again after restart: $refetched (bytes in socket buffers at the kill count as fetched again)"

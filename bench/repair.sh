@@ -48,6 +48,7 @@ download "blob" {
   }
   dest        = "\${var.root}/blobs"
   concurrency = 1
+  connections = 1 # one paced stream, so the download stays in flight throughout
 }
 HCL
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -26,6 +26,8 @@ import (
 type DownloadConfig struct {
 	Dest            string               `hcl:"dest"`
 	Concurrency     *int                 `hcl:"concurrency,optional"`
+	Connections     *int                 `hcl:"connections,optional"`
+	MaxConnections  *int                 `hcl:"max_connections,optional"`
 	StallTimeout    *string              `hcl:"stall_timeout,optional"`
 	Timeout         *string              `hcl:"timeout,optional"`
 	Insecure        *bool                `hcl:"insecure,optional"`
@@ -72,6 +74,8 @@ type Download struct {
 	addr        string
 	dest        string
 	concurrency int
+	connections int // ranges of one file at once (0: fetch's default, 8)
+	maxConns    int // connections of the whole download (0: fetch's default, 32)
 	stall       time.Duration
 	timeout     time.Duration
 	insecure    bool
@@ -135,6 +139,18 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 			bad(r.Range("concurrency"), "Invalid concurrency", "concurrency is the number of files fetched at once, 1 to 64.")
 		}
 		d.concurrency = *c.Concurrency
+	}
+	if c.Connections != nil {
+		if *c.Connections < 1 || *c.Connections > 64 {
+			bad(r.Range("connections"), "Invalid connections", "connections is the number of ranges of one file fetched at once, each on its own connection, 1 to 64 (default 8).")
+		}
+		d.connections = *c.Connections
+	}
+	if c.MaxConnections != nil {
+		if *c.MaxConnections < 1 || *c.MaxConnections > 256 {
+			bad(r.Range("max_connections"), "Invalid max_connections", "max_connections caps the connections of the whole download, 1 to 256 (default 32).")
+		}
+		d.maxConns = *c.MaxConnections
 	}
 	dur := func(attr string, v *string, into *time.Duration) {
 		if v == nil {
@@ -471,11 +487,13 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	}
 	files := det.files
 	unverified := false
+	tokenSent := false
 	if d.hub != nil {
 		token, _, err := d.token()
 		if err != nil {
 			return err
 		}
+		tokenSent = token != ""
 		files = slices.Clone(files)
 		for i := range files {
 			if token != "" {
@@ -497,12 +515,16 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	}
 	rep := newProgressReporter(env, d.addr, &rec)
 	opts := fetch.Options{
-		Dest: d.dest, Concurrency: d.concurrency, StallTimeout: d.stall, CheckpointEvery: d.checkpoint,
+		Dest: d.dest, Concurrency: d.concurrency, Connections: d.connections, MaxConnections: d.maxConns,
+		StallTimeout: d.stall, CheckpointEvery: d.checkpoint,
 		Insecure: d.insecure, AllowUnverified: unverified, Progress: rep.update, ProgressInterval: 250 * time.Millisecond,
 		Now: env.Now,
 	}
 	res, ferr := fetch.Fetch(ctx, files, opts)
 	rep.finish()
+	if ferr != nil && d.hub != nil {
+		ferr = hubFetchError(ferr, d.hub, tokenSent)
+	}
 	var errs []error
 	if ferr != nil {
 		failed := 0

@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/agent-dev/agent/internal/fetch"
 )
 
 // The Hugging Face Hub source: a repository's files listed through the Hub API, pinned to one
@@ -158,21 +160,86 @@ func (h *hubClient) fileURL(repo, commit, name string) string {
 	return h.url("/%s/resolve/%s/%s", repoPath(repo), commit, strings.Join(parts, "/"))
 }
 
-// hubError is an unexpected answer of the Hub, with the status and a hint.
+// hubError is an unexpected answer of the Hub: the status, the Hub's own words
+// (X-Error-Code and X-Error-Message, as huggingface_hub's hf_raise_for_status reads them:
+// "GatedRepo" / "Access to model org/m is restricted and you are not in the authorized list.
+// Visit https://huggingface.co/org/m to ask for access."), the repository's page, and a hint
+// that fits whether a token was sent.
 type hubError struct {
-	what   string
-	status int
+	what          string
+	status        int
+	code, message string
+	repoURL       string
+	tokenSent     bool
+}
+
+func (h *hubClient) errorOf(what, repo string, resp *http.Response) *hubError {
+	return &hubError{what: what, status: resp.StatusCode,
+		code: hubWords(resp.Header.Get("X-Error-Code")), message: hubWords(resp.Header.Get("X-Error-Message")),
+		repoURL: h.url("/%s", repoPath(repo)), tokenSent: h.token != ""}
 }
 
 func (e *hubError) Error() string {
-	hint := ""
-	switch e.status {
-	case http.StatusUnauthorized, http.StatusForbidden:
-		hint = " (a gated or private repository needs a token: token_file or HF_TOKEN)"
-	case http.StatusNotFound:
-		hint = " (check repo and revision)"
+	s := fmt.Sprintf("%s: status %d %s", e.what, e.status, http.StatusText(e.status))
+	return s + hubSays(e.code, e.message) + hubHint(e.status, e.code, e.repoURL, e.tokenSent)
+}
+
+// hubWords keeps a header's text printable and short.
+func hubWords(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, strings.TrimSpace(s))
+	if len(s) > 500 {
+		s = s[:500] + "…"
 	}
-	return fmt.Sprintf("%s: status %d %s%s", e.what, e.status, http.StatusText(e.status), hint)
+	return s
+}
+
+// hubSays quotes the Hub's X-Error-Code and X-Error-Message.
+func hubSays(code, message string) string {
+	switch {
+	case code != "" && message != "":
+		return fmt.Sprintf("; the Hub says %s: %s", code, message)
+	case message != "":
+		return "; the Hub says: " + message
+	case code != "":
+		return "; the Hub says " + code
+	}
+	return ""
+}
+
+// hubHint says what to do about a refused request, naming the repository's page. "Needs a
+// token" only when none was sent: with a token, a 401 means the token was not accepted and a
+// 403 (GatedRepo) that its account has not been granted access, which no new token fixes.
+func hubHint(status int, code, repoURL string, tokenSent bool) string {
+	switch {
+	case (status == http.StatusUnauthorized || status == http.StatusForbidden) && !tokenSent:
+		return fmt.Sprintf(" (%s: a gated or private repository needs a token: token_file or HF_TOKEN)", repoURL)
+	case status == http.StatusUnauthorized:
+		return fmt.Sprintf(" (%s: the token was not accepted, or its account cannot read this repository)", repoURL)
+	case code == "GatedRepo":
+		return fmt.Sprintf(" (%s: the token's account is not granted access to this gated repository; ask for it on that page)", repoURL)
+	case status == http.StatusForbidden:
+		return fmt.Sprintf(" (%s: the token lacks permission for this repository)", repoURL)
+	case status == http.StatusNotFound:
+		return fmt.Sprintf(" (%s: check repo and revision)", repoURL)
+	}
+	return " (" + repoURL + ")"
+}
+
+// hubFetchError adds the repository's page and the hint to a file the Hub refused (the
+// server's words are in the fetch.StatusError already); an answer from the CDN a redirect
+// led to is left as it is.
+func hubFetchError(err error, src *hubSource, tokenSent bool) error {
+	var se *fetch.StatusError
+	if !errors.As(err, &se) || se.Redirected || se.Status < 400 || se.Status >= 500 {
+		return err
+	}
+	h := &hubClient{endpoint: mustURL(src.endpoint)}
+	return fmt.Errorf("%w%s", err, hubHint(se.Status, se.Code, h.url("/%s", repoPath(src.repo)), tokenSent))
 }
 
 func (h *hubClient) get(ctx context.Context, method, u string) (*http.Response, error) {
@@ -214,7 +281,7 @@ func (h *hubClient) resolve(ctx context.Context, repo, revision string) (string,
 		return c, nil
 	}
 	if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
-		return "", &hubError{what: what, status: resp.StatusCode}
+		return "", h.errorOf(what, repo, resp)
 	}
 	// No revision API (a mirror): a HEAD of a resolve URL names the commit.
 	for _, probe := range []string{".gitattributes", "config.json", "README.md"} {
@@ -227,7 +294,7 @@ func (h *hubClient) resolve(ctx context.Context, repo, revision string) (string,
 			return c, nil
 		}
 	}
-	return "", &hubError{what: what, status: resp.StatusCode}
+	return "", h.errorOf(what, repo, resp)
 }
 
 // headNoRedirect sends HEAD without following a redirect: the Hub's answer itself carries
@@ -271,7 +338,7 @@ func (h *hubClient) list(ctx context.Context, repo, commit string) ([]hubFile, e
 		var entries []treeEntry
 		if resp.StatusCode != http.StatusOK {
 			resp.Body.Close()
-			return nil, &hubError{what: what, status: resp.StatusCode}
+			return nil, h.errorOf(what, repo, resp)
 		}
 		err = json.NewDecoder(io.LimitReader(resp.Body, 256<<20)).Decode(&entries)
 		resp.Body.Close()

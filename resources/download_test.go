@@ -577,6 +577,12 @@ func TestDownloadBindErrors(t *testing.T) {
 		{"stall", `dest = "/m"
   stall_timeout = "soon"
   huggingface { repo = "a/b" }`, "Invalid duration"},
+		{"connections", `dest = "/m"
+  connections = 0
+  huggingface { repo = "a/b" }`, "Invalid connections"},
+		{"max_connections", `dest = "/m"
+  max_connections = 1000
+  huggingface { repo = "a/b" }`, "Invalid max_connections"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -636,7 +642,8 @@ func TestNextLink(t *testing.T) {
 // TestDownloadSurvivesSIGKILL kills a real `agent apply` (SIGKILL) in the middle of a
 // download, checks that `agent status` in another process saw its progress, restarts it, and
 // checks the file completes, is correct, and that the bytes fetched again are under one
-// checkpoint (checkpoint_every = 64 KiB here).
+// checkpoint (checkpoint_every = 64 KiB here). It runs the single stream (connections = 1);
+// the ranges' kill test is fetch's TestKillWithRangesInFlight.
 func TestDownloadSurvivesSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the agent binary")
@@ -652,7 +659,7 @@ func TestDownloadSurvivesSIGKILL(t *testing.T) {
 	// The first GET sends 2 MiB and a bit, then hangs: the agent is killed there.
 	s.SetFault("/a.bin", fetchtest.Fault{Stall: time.Hour, StallAfter: stopAt, Times: 1})
 	plan := filepath.Join(dir, "plan.hcl")
-	os.WriteFile(plan, []byte(explicitPlan(s, map[string][]byte{"a.bin": data}, "  checkpoint_every = 65536\n  stall_timeout = \"1h\"\n")), 0o644)
+	os.WriteFile(plan, []byte(explicitPlan(s, map[string][]byte{"a.bin": data}, "  checkpoint_every = 65536\n  stall_timeout = \"1h\"\n  connections = 1\n")), 0o644)
 	run := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(bin, append(args, plan, "--state-dir", filepath.Join(dir, "state"))...)
 		cmd.Env = append(os.Environ(), "AGENT_VAR_root="+dir)
@@ -705,5 +712,32 @@ func TestDownloadSurvivesSIGKILL(t *testing.T) {
 	}
 	if b, err := run("plan").CombinedOutput(); err != nil || !strings.Contains(string(b), "No changes") {
 		t.Errorf("plan after resume: %v\n%s", err, b)
+	}
+}
+
+// TestDownloadRangesThroughExpiringSignedURLs (issue 15): one apply brings a file over
+// `connections` ranges at once from a server whose signed URLs expire every 256 KiB and that
+// caps each connection: the ranges are in flight together, every expiry is re-resolved
+// without exhausting the retries, and nothing is fetched twice.
+func TestDownloadRangesThroughExpiringSignedURLs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := fetchtest.NewServer()
+	t.Cleanup(s.Close)
+	files := map[string][]byte{"a.bin": randBytes(6<<20, 20)}
+	s.Set("/a.bin", files["a.bin"])
+	s.SetFault("/a.bin", fetchtest.Fault{SignedBytes: 256 << 10, Rate: 4 << 20})
+	mustApply(t, engine(t, dir, explicitPlan(s, files, "  connections = 6\n  max_connections = 6\n")))
+	wantContent(t, filepath.Join(dir, "w", "a.bin"), files["a.bin"])
+	st := s.Stats("/a.bin")
+	t.Logf("stats %+v", st)
+	if st.MaxInFlight < 2 || st.MaxInFlight > 6 {
+		t.Errorf("%d ranges at once, want between 2 and connections = 6", st.MaxInFlight)
+	}
+	if st.Expired == 0 {
+		t.Errorf("no signature expired: the test proves nothing")
+	}
+	if st.BytesSent > int64(len(files["a.bin"]))+6*(256<<10) {
+		t.Errorf("%d bytes sent for %d: more than a cut-off signature's worth per connection fetched twice", st.BytesSent, len(files["a.bin"]))
 	}
 }

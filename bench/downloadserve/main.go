@@ -1,7 +1,11 @@
 // Command downloadserve serves a directory on a loopback address for bench/download.sh:
 // http.FileServer (ranges, ETag-less, Last-Modified), plus GET /_stats with the body bytes
-// sent so far, so the benchmark can measure what a resume fetched again. -rate throttles
-// each response (bench/repair.sh: a download in flight while a server is repaired).
+// sent so far and the most responses in flight at once, so the benchmark can measure what
+// a resume fetched again and how many connections a client used.
+//
+// With -rate and -delay it emulates a model CDN: each response (one per connection at a
+// time) is paced at -rate bytes per second after a -delay before its first byte, as CDNs
+// cap each connection and answer after a round trip to their origin.
 package main
 
 import (
@@ -15,39 +19,49 @@ import (
 	"time"
 )
 
-type countingWriter struct {
-	http.ResponseWriter
-	n    *atomic.Int64
-	rate int64 // bytes per second; 0: as fast as it goes
+type stats struct {
+	sent              atomic.Int64
+	inFlight, maxSeen atomic.Int64
 }
 
-func (c countingWriter) Write(p []byte) (int, error) {
-	if c.rate <= 0 {
-		n, err := c.ResponseWriter.Write(p)
-		c.n.Add(int64(n))
-		return n, err
-	}
-	const chunk = 32 << 10
-	total := 0
-	for len(p) > 0 {
-		k := min(len(p), chunk)
-		n, err := c.ResponseWriter.Write(p[:k])
-		c.n.Add(int64(n))
-		total += n
-		if err != nil {
-			return total, err
+// pacedWriter counts body bytes and, with a rate, sends them no faster than it.
+type pacedWriter struct {
+	http.ResponseWriter
+	st    *stats
+	rate  int64
+	start time.Time
+	n     int64
+}
+
+func (p *pacedWriter) Write(b []byte) (int, error) {
+	written := 0
+	for len(b) > 0 {
+		chunk := b
+		if p.rate > 0 {
+			chunk = b[:min(len(b), int(max(p.rate/100, 4096)))]
+			due := p.start.Add(time.Duration(float64(p.n) / float64(p.rate) * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+			}
 		}
-		p = p[k:]
-		time.Sleep(time.Duration(int64(time.Second) * chunk / c.rate))
+		k, err := p.ResponseWriter.Write(chunk)
+		written += k
+		p.n += int64(k)
+		p.st.sent.Add(int64(k))
+		if err != nil {
+			return written, err
+		}
+		b = b[k:]
 	}
-	return total, nil
+	return written, nil
 }
 
 func main() {
 	dir := flag.String("dir", ".", "directory to serve")
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
 	portFile := flag.String("port-file", "", "write the chosen port here")
-	rate := flag.Int64("rate", 0, "bytes per second per response (0: unthrottled)")
+	rate := flag.Int64("rate", 0, "cap each response at this many bytes per second (0: none)")
+	delay := flag.Duration("delay", 0, "wait this long before each response's first byte")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -59,13 +73,28 @@ func main() {
 	if *portFile != "" {
 		os.WriteFile(*portFile, fmt.Appendf(nil, "%d\n", ln.Addr().(*net.TCPAddr).Port), 0o644)
 	}
-	var sent atomic.Int64
+	var st stats
 	fs := http.FileServer(http.Dir(*dir))
 	log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/_stats" {
-			fmt.Fprintf(w, "%d\n", sent.Load())
+		switch r.URL.Path {
+		case "/_stats":
+			fmt.Fprintf(w, "%d\n", st.sent.Load())
+			return
+		case "/_maxconns":
+			fmt.Fprintf(w, "%d\n", st.maxSeen.Load())
 			return
 		}
-		fs.ServeHTTP(countingWriter{w, &sent, *rate}, r)
+		n := st.inFlight.Add(1)
+		defer st.inFlight.Add(-1)
+		for {
+			m := st.maxSeen.Load()
+			if n <= m || st.maxSeen.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		if *delay > 0 {
+			time.Sleep(*delay)
+		}
+		fs.ServeHTTP(&pacedWriter{ResponseWriter: w, st: &st, rate: *rate, start: time.Now()}, r)
 	})))
 }

@@ -224,6 +224,7 @@ download "blob" {
   }
   dest        = "${var.root}/blobs"
   concurrency = 1
+  connections = 1 # one stream at the throttled rate: in flight for the whole test
 }
 `, hs.URL, hex.EncodeToString(sum[:]), len(body))
 	stateDir := ""

@@ -14,7 +14,17 @@
 // mtime, sha256, source and when it was verified, so Check can confirm a converged download
 // with os.Stat alone; Dest/.agent-fetch.lock keeps two agents out of the same directory.
 //
-// # Why grab, and how it is bent
+// # Parallel ranges
+//
+// A file of known size larger than one piece is fetched by range workers on net/http, up to
+// Options.Connections per file within Options.MaxConnections for the Fetch, writing at
+// offsets, with one hasher per file following the contiguous prefix through the page cache,
+// a version-2 sidecar of durable bytes per piece, and a live record (.NAME.partial.live)
+// that counts every written byte within one boot: see ranged.go and live.go. Retries
+// (retry.go) reset their budget whenever bytes arrive, honour Retry-After and jitter their
+// backoff; every path shares them.
+//
+// # Why grab, and how it is bent (the single stream)
 //
 // The transfer runs on github.com/cavaliergopher/grab/v3: its request state machine (HEAD probe
 // for Accept-Ranges, Range request, opening the partial file for append, the copy loop with

@@ -53,6 +53,16 @@ type Options struct {
 	Dest string
 	// Concurrency is how many files transfer at once (default 4).
 	Concurrency int
+	// Connections is how many ranges of one file transfer at once, each on its own
+	// connection (default 8; 1 fetches every file as one stream). A CDN that caps each
+	// connection is read at Connections times its cap.
+	Connections int
+	// MaxConnections caps the connections of the whole Fetch (default 32).
+	MaxConnections int
+	// PieceSize is the length of the ranges a file is cut into (default: a quarter of the
+	// file per connection, between 16 and 64 MiB). Files no larger than one piece are
+	// fetched as one stream.
+	PieceSize int64
 	// StallTimeout aborts a connection that delivered no byte for this long and resumes it,
 	// counting as a retry (default 60s).
 	StallTimeout time.Duration
@@ -87,6 +97,8 @@ type Options struct {
 
 const (
 	defaultConcurrency     = 4
+	defaultConnections     = 8
+	defaultMaxConnections  = 32
 	defaultStallTimeout    = 60 * time.Second
 	defaultRetries         = 3
 	defaultRetryBackoff    = time.Second
@@ -100,6 +112,12 @@ const (
 func (o Options) withDefaults() Options {
 	if o.Concurrency <= 0 {
 		o.Concurrency = defaultConcurrency
+	}
+	if o.Connections <= 0 {
+		o.Connections = defaultConnections
+	}
+	if o.MaxConnections <= 0 {
+		o.MaxConnections = defaultMaxConnections
 	}
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = defaultStallTimeout
@@ -345,15 +363,6 @@ func (r *run) checkSpace(tasks []*task) error {
 			bytesize.Format(missing), bytesize.Format(r.opts.FreeSpaceMargin))
 	}
 	return nil
-}
-
-// backoff returns the wait before retry number n (1-based).
-func (r *run) backoff(n int) time.Duration {
-	d := r.opts.RetryBackoff
-	for i := 1; i < n && d < maxRetryBackoff; i++ {
-		d *= 2
-	}
-	return min(d, maxRetryBackoff)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

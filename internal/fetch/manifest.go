@@ -177,10 +177,10 @@ func Check(ctx context.Context, dest string, files []File) (CheckResult, error) 
 		l := layoutOf(f.Name)
 		if res.Files[i].State != StateOK {
 			if fi, err := root.Lstat(l.partial); err == nil && fi.Mode().IsRegular() {
-				res.Files[i].Partial = fi.Size()
+				res.Files[i].Partial = partialBytes(root, f, fi.Size())
 			}
 		}
-		for _, p := range []string{l.final, l.partial, l.sidecar, l.sidecar + tmpSuffix} {
+		for _, p := range []string{l.final, l.partial, l.sidecar, l.sidecar + tmpSuffix, l.live, l.live + tmpSuffix} {
 			named[filepath.ToSlash(p)] = true
 		}
 	}

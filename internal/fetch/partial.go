@@ -91,13 +91,13 @@ func (r *run) resumableOffset(t *task) int64 {
 	if st, ok := r.readCheckpoint(t.f); ok {
 		return st.off
 	}
-	return 0
+	return partialBytes(r.root, t.f, 0)
 }
 
 // discardPartial removes f's partial file and sidecar.
 func (r *run) discardPartial(f File) error {
 	l := layoutOf(f.Name)
-	for _, p := range []string{l.partial, l.sidecar} {
+	for _, p := range []string{l.partial, l.sidecar, l.live} {
 		if err := r.root.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove %s: %w", p, err)
 		}

@@ -21,6 +21,7 @@ const (
 	lockName      = ".agent-fetch.lock"
 	partialSuffix = ".partial"
 	sidecarSuffix = ".partial.json"
+	liveSuffix    = ".partial.live"
 	tmpSuffix     = ".tmp"
 )
 
@@ -85,7 +86,8 @@ func checkName(name string) error {
 	base := path.Base(name)
 	if base == manifestName || base == lockName || strings.HasPrefix(base, manifestName) ||
 		(strings.HasPrefix(base, ".") && (strings.HasSuffix(base, partialSuffix) ||
-			strings.HasSuffix(base, sidecarSuffix) || strings.HasSuffix(base, sidecarSuffix+tmpSuffix))) {
+			strings.HasSuffix(base, sidecarSuffix) || strings.HasSuffix(base, sidecarSuffix+tmpSuffix) ||
+			strings.HasSuffix(base, liveSuffix) || strings.HasSuffix(base, liveSuffix+tmpSuffix))) {
 		return fmt.Errorf("%w: %q collides with the files fetch keeps in the destination", ErrUnsafeName, name)
 	}
 	return nil
@@ -129,7 +131,7 @@ func origin(u *url.URL) string {
 
 // layout holds a file's paths relative to Dest (OS separators).
 type layout struct {
-	final, partial, sidecar, dir string
+	final, partial, sidecar, live, dir string
 }
 
 func layoutOf(name string) layout {
@@ -140,6 +142,7 @@ func layoutOf(name string) layout {
 		final:   rel,
 		partial: filepath.Join(dir, "."+base+partialSuffix),
 		sidecar: filepath.Join(dir, "."+base+sidecarSuffix),
+		live:    filepath.Join(dir, "."+base+liveSuffix),
 		dir:     dir,
 	}
 }
@@ -155,6 +158,8 @@ type run struct {
 
 	manMu sync.Mutex
 	man   *manifest
+
+	slots chan struct{} // one per connection in use (Options.MaxConnections)
 }
 
 func newRun(destAbs string, opts Options) (*run, error) {
@@ -166,9 +171,13 @@ func newRun(destAbs string, opts Options) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &run{opts: opts, destAbs: destAbs, destReal: real, root: root, client: opts.Client}
+	r := &run{opts: opts, destAbs: destAbs, destReal: real, root: root, client: opts.Client,
+		slots: make(chan struct{}, max(opts.MaxConnections, 1))}
 	if r.client == nil {
 		r.ownTrans = http.DefaultTransport.(*http.Transport).Clone()
+		// Range workers come back to the same hosts: keep their connections for the
+		// next piece instead of a new handshake each time.
+		r.ownTrans.MaxIdleConnsPerHost = max(opts.MaxConnections, 2)
 		r.client = &http.Client{Transport: r.ownTrans}
 	}
 	return r, nil

@@ -27,6 +27,8 @@ type task struct {
 	f      File
 	fr     *FileResult
 	status FileStatus
+	// single: fetch as one stream (the server ignored a range request).
+	single bool
 
 	state atomic.Int32 // FileState
 	done  atomic.Int64 // bytes in the partial file (or hashed while verifying)
@@ -68,8 +70,23 @@ func (r *run) download(ctx context.Context, t *task) error {
 	}
 	partAbs := filepath.Join(realDir, filepath.Base(l.partial))
 	t.setState(FileDownloading)
+	release, err := r.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	if r.useRanges(t) {
+		release()
+		if err := r.downloadPieces(ctx, t); !errors.Is(err, errNoRanges) {
+			return err
+		}
+		if release, err = r.acquire(ctx); err != nil {
+			return err
+		}
+	}
+	defer release()
 
-	failures, restarts := 0, 0
+	restarts := 0
+	budget := &retryBudget{r: r}
 	for {
 		st, err := r.loadPartial(t.f)
 		if err != nil {
@@ -80,6 +97,7 @@ func (r *run) download(ctx context.Context, t *task) error {
 		}
 		t.fr.Attempts++
 		t.done.Store(st.off)
+		before := t.recv.Load()
 		err = r.attempt(ctx, t, st, partAbs)
 		if err == nil {
 			return nil
@@ -100,14 +118,7 @@ func (r *run) download(ctx context.Context, t *task) error {
 		case errors.As(err, &pe) || permanent(err):
 			return err
 		}
-		if failures >= r.opts.Retries {
-			if failures > 0 {
-				return fmt.Errorf("giving up after %d attempts: %w", t.fr.Attempts, err)
-			}
-			return err
-		}
-		failures++
-		if err := sleep(ctx, r.backoff(failures)); err != nil {
+		if err := budget.next(ctx, err, t.recv.Load() > before, t.fr.Attempts); err != nil {
 			return err
 		}
 	}
@@ -139,9 +150,14 @@ func (r *run) attempt(ctx context.Context, t *task, st *partialState, partAbs st
 	}
 	req = req.WithContext(actx)
 
-	gc := &grab.Client{HTTPClient: r.httpClient(t, last), UserAgent: "agent-fetch", BufferSize: copyBufferSize}
+	hc, ft := r.httpClient(t, last)
+	gc := &grab.Client{HTTPClient: hc, UserAgent: "agent-fetch", BufferSize: copyBufferSize}
 	resp := gc.Do(req)
 	err = resp.Err()
+	var sc grab.StatusCodeError
+	if se := ft.status.Load(); se != nil && errors.As(err, &sc) && int(sc) == se.Status {
+		err = se // what the server said, not only its status
+	}
 	defer func() {
 		if st.fd != nil {
 			st.fd.Close()
@@ -281,8 +297,25 @@ func (r *run) finish(t *task, st *partialState) error {
 		bad = fmt.Errorf("%w: partial file has %d bytes, %d were received", ErrSize, fi.Size(), st.off)
 	case st.size >= 0 && st.off != st.size:
 		bad = fmt.Errorf("%w: received %d bytes, expected %d", ErrSize, st.off, st.size)
-	case t.f.Size >= 0 && st.off != t.f.Size:
-		bad = fmt.Errorf("%w: received %d bytes, expected %d", ErrSize, st.off, t.f.Size)
+	}
+	if bad != nil {
+		if err := r.discardPartial(t.f); err != nil {
+			return fmt.Errorf("%w (and %w)", bad, err)
+		}
+		return bad
+	}
+	return r.verifyAndPlace(t, sum, st.off)
+}
+
+// verifyAndPlace checks the partial file of t, whose n bytes hashed to sum, against the
+// expected size, sha256 and git blob id, and renames it into place: fsync, rename, fsync
+// the directory, then the manifest entry. A wrong file is discarded, never put in place.
+func (r *run) verifyAndPlace(t *task, sum string, n int64) error {
+	l := layoutOf(t.f.Name)
+	var bad error
+	switch {
+	case t.f.Size >= 0 && n != t.f.Size:
+		bad = fmt.Errorf("%w: received %d bytes, expected %d", ErrSize, n, t.f.Size)
 	case t.f.SHA256 != "" && sum != t.f.SHA256:
 		bad = fmt.Errorf("%w: expected sha256 %s, got %s", ErrChecksum, t.f.SHA256, sum)
 	case t.f.GitBlob != "":
@@ -317,8 +350,10 @@ func (r *run) finish(t *task, st *partialState) error {
 	if err := r.syncDir(l.dir); err != nil {
 		return fmt.Errorf("sync directory: %w", err)
 	}
-	if err := r.root.Remove(l.sidecar); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove sidecar: %w", err)
+	for _, p := range []string{l.sidecar, l.live} {
+		if err := r.root.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", p, err)
+		}
 	}
 	if t.f.SHA256 == "" {
 		sum = "" // unverified: record nothing we were not asked to check
@@ -425,16 +460,6 @@ func parseContentRange(v string) (start, end, total int64, err error) {
 	return start, end, total, nil
 }
 
-// permanent reports errors that another attempt would only repeat: a refused redirect, or a
-// 4xx status other than 408 and 429.
-func permanent(err error) bool {
-	var sc grab.StatusCodeError
-	if errors.As(err, &sc) {
-		return sc >= 400 && sc < 500 && sc != http.StatusRequestTimeout && sc != http.StatusTooManyRequests
-	}
-	return errors.Is(err, ErrInsecureURL)
-}
-
 func isDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
@@ -478,21 +503,22 @@ func (r *run) watchStall(ctx context.Context, cancel context.CancelCauseFunc, l 
 
 // httpClient is the client grab uses for one attempt: the caller's client with its transport
 // wrapped (identity encoding, per-origin headers, hashing body) and its redirects checked.
-func (r *run) httpClient(t *task, last *lastByte) *http.Client {
+func (r *run) httpClient(t *task, last *lastByte) (*http.Client, *fileTransport) {
 	c := *r.client
 	base := c.Transport
 	if base == nil {
 		base = http.DefaultTransport
 	}
 	u, _ := url.Parse(t.f.URL) // validated before
-	c.Transport = &fileTransport{base: base, origin: origin(u), header: t.f.Header, r: r, t: t, last: last}
+	ft := &fileTransport{base: base, origin: origin(u), header: t.f.Header, r: r, t: t, last: last}
+	c.Transport = ft
 	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 10 {
 			return errors.New("stopped after 10 redirects")
 		}
 		return checkURL(req.URL, r.opts.Insecure)
 	}
-	return &c
+	return &c, ft
 }
 
 // fileTransport adds a file's headers only to requests for the file URL's own origin, asks
@@ -504,6 +530,11 @@ type fileTransport struct {
 	r      *run
 	t      *task
 	last   *lastByte
+	// plain: hand bodies back as they are (the range workers hash from the page cache).
+	plain bool
+	// status is the last answer of 400 or more, with the server's words (grab keeps only
+	// the status code).
+	status atomic.Pointer[StatusError]
 }
 
 func (ft *fileTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -522,6 +553,12 @@ func (ft *fileTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ft.last.touch()
+	if resp.StatusCode >= 400 {
+		ft.status.Store(statusErrorOf(resp, ft.t.f.URL))
+	}
+	if ft.plain {
+		return resp, nil
+	}
 	if out.Method == http.MethodHead && headRefused(resp) {
 		return ft.probe(out, resp)
 	}
@@ -531,7 +568,7 @@ func (ft *fileTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// A busy server is not a reason to throw away verified bytes: fail this attempt,
 		// and the next one resumes.
 		resp.Body.Close()
-		return nil, fmt.Errorf("HEAD answered %s (the partial file is kept for the next attempt)", resp.Status)
+		return nil, fmt.Errorf("HEAD: %w (the partial file is kept for the next attempt)", ft.status.Load())
 	}
 	if out.Method == http.MethodGet && (resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusPartialContent) {
 		resp.Body = &hashBody{rc: resp.Body, r: ft.r, t: ft.t, last: ft.last}

@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -64,6 +65,33 @@ type Fault struct {
 	// Overflow > 0 sends no Content-Length (chunked) and this many more bytes after the
 	// body, as a broken or hostile server would.
 	Overflow int64
+
+	// The CDN's manners (always on, not limited by Times):
+
+	// Rate > 0 caps each response (each connection: one request at a time) at Rate body
+	// bytes per second, as model CDNs cap a connection.
+	Rate int64
+	// FirstByteDelay delays each GET's headers, as a CDN's time to first byte.
+	FirstByteDelay time.Duration
+	// MaxRange > 0 answers a range request with at most MaxRange bytes (an honest
+	// Content-Range that ends early): the client must ask for the rest.
+	MaxRange int64
+	// Busy > 0 answers the first Busy GETs with BusyStatus (default 503) and, when set,
+	// a Retry-After header.
+	Busy       int
+	BusyStatus int
+	RetryAfter string
+	// StallAt lists file offsets: a GET whose body would cross one stops there and holds
+	// until the client goes away (a kill test's fixed points).
+	StallAt []int64
+
+	// SignedBytes > 0 or SignedFor > 0 emulate a Hub that redirects each request for the
+	// path (without a signature) with 302 to a signed CDN URL (path?sig=N) that expires
+	// after SignedBytes body bytes sent through it, or SignedFor after it was issued. A
+	// response that reaches the expiry mid-body is cut (the connection closes); a later
+	// request with an expired signature gets 403, as a CDN's expired signed URL does.
+	SignedBytes int64
+	SignedFor   time.Duration
 }
 
 // Stats counts what a path was asked for and what it sent.
@@ -74,6 +102,11 @@ type Stats struct {
 	RangeGETs int   // GET requests with a Range header
 	AuthSeen  int   // requests that carried an Authorization header
 	BytesSent int64 // body bytes written to clients
+	// InFlight is how many GETs are being answered now; MaxInFlight the most at once.
+	InFlight, MaxInFlight int
+	Busy                  int // GETs answered with BusyStatus
+	Signed                int // signed URLs issued (redirects)
+	Expired               int // requests refused or cut because their signature expired
 }
 
 type entry struct {
@@ -83,6 +116,17 @@ type entry struct {
 	faulted int // GETs served since SetFault
 	swapped bool
 	stats   Stats
+	sigs    map[string]*signature
+}
+
+// signature is one signed URL the emulated Hub issued.
+type signature struct {
+	sent    int64 // body bytes sent through it
+	expires time.Time
+}
+
+func (sg *signature) expired(f Fault) bool {
+	return (f.SignedBytes > 0 && sg.sent >= f.SignedBytes) || (f.SignedFor > 0 && time.Now().After(sg.expires))
 }
 
 // Server is an httptest server over in-memory files. Its methods are safe for concurrent use.
@@ -156,6 +200,7 @@ type plan struct {
 	content []byte
 	etag    string
 	fault   Fault // transfer faults zeroed when they do not apply
+	sig     *signature
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
@@ -186,6 +231,28 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, f.RedirectTo+r.URL.Path, http.StatusFound)
 		return
 	}
+	var sig *signature
+	if f.SignedBytes > 0 || f.SignedFor > 0 {
+		key := r.URL.Query().Get("sig")
+		if key == "" {
+			e.stats.Signed++
+			key = strconv.Itoa(e.stats.Signed)
+			if e.sigs == nil {
+				e.sigs = map[string]*signature{}
+			}
+			e.sigs[key] = &signature{expires: time.Now().Add(f.SignedFor)}
+			s.mu.Unlock()
+			http.Redirect(w, r, r.URL.Path+"?sig="+key, http.StatusFound)
+			return
+		}
+		sig = e.sigs[key]
+		if sig == nil || sig.expired(f) {
+			e.stats.Expired++
+			s.mu.Unlock()
+			http.Error(w, "<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>", http.StatusForbidden)
+			return
+		}
+	}
 	switch r.Method {
 	case http.MethodHead:
 		e.stats.HEADs++
@@ -204,6 +271,19 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Range") != "" {
 			e.stats.RangeGETs++
 		}
+		if e.stats.GETs <= f.Busy {
+			e.stats.Busy++
+			s.mu.Unlock()
+			if f.RetryAfter != "" {
+				w.Header().Set("Retry-After", f.RetryAfter)
+			}
+			code := f.BusyStatus
+			if code == 0 {
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, "slow down", code)
+			return
+		}
 		if f.ChangeAfter > 0 && !e.swapped && e.stats.GETs > f.ChangeAfter {
 			e.content, e.etag, e.swapped = f.Next, ETag(f.Next), true
 		}
@@ -213,13 +293,31 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	p := plan{content: e.content, etag: e.etag, fault: f}
+	p := plan{content: e.content, etag: e.etag, fault: f, sig: sig}
 	if r.Method != http.MethodGet || (f.Times > 0 && e.faulted > f.Times) {
 		p.fault.DropAfter, p.fault.Truncate = 0, 0
 		p.fault.Corrupt, p.fault.Stall, p.fault.Gzip = false, 0, false
 		p.fault.EndCleanlyAfter, p.fault.Overflow = 0, 0
 	}
+	if r.Method == http.MethodGet {
+		e.stats.InFlight++
+		e.stats.MaxInFlight = max(e.stats.MaxInFlight, e.stats.InFlight)
+		defer func() {
+			s.mu.Lock()
+			e.stats.InFlight--
+			s.mu.Unlock()
+		}()
+	}
 	s.mu.Unlock()
+	if f.FirstByteDelay > 0 && r.Method == http.MethodGet {
+		t := time.NewTimer(f.FirstByteDelay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+	}
 	s.respond(w, r, e, p)
 }
 
@@ -239,6 +337,9 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 				return
 			}
 			start, end, ranged = st, en, true
+			if p.fault.MaxRange > 0 && end-start+1 > p.fault.MaxRange {
+				end = start + p.fault.MaxRange - 1
+			}
 		}
 	}
 	body := p.content[start : end+1]
@@ -259,7 +360,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		w.WriteHeader(status)
 		return
 	}
-	cw := &countingWriter{w: w, s: s, e: e}
+	cw := &countingWriter{w: w, s: s, e: e, sig: p.sig, fault: p.fault}
 	if p.fault.Gzip {
 		h.Set("Content-Encoding", "gzip")
 		w.WriteHeader(status)
@@ -286,18 +387,46 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 	h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
 	w.WriteHeader(status)
 	var sent int64
+	began := time.Now()
 	send := func(upto int64) bool {
 		if upto > int64(len(body)) {
 			upto = int64(len(body))
 		}
 		for sent < upto {
 			n := min(upto-sent, 32<<10)
-			if _, err := cw.Write(body[sent : sent+n]); err != nil {
+			if p.fault.Rate > 0 {
+				n = min(n, max(p.fault.Rate/64, 1))
+				if d := time.Until(began.Add(time.Duration(float64(sent) / float64(p.fault.Rate) * float64(time.Second)))); d > 0 {
+					t := time.NewTimer(d)
+					select {
+					case <-t.C:
+					case <-r.Context().Done():
+						t.Stop()
+						return false
+					}
+				}
+			}
+			k, err := cw.Write(body[sent : sent+n])
+			sent += int64(k)
+			if err != nil {
+				if errors.Is(err, errExpired) {
+					w.(http.Flusher).Flush()
+					panic(http.ErrAbortHandler)
+				}
 				return false
 			}
-			sent += n
 		}
 		return true
+	}
+	for _, at := range p.fault.StallAt {
+		if rel := at - start; rel >= 0 && rel < int64(len(body)) {
+			if !send(rel) {
+				return
+			}
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
 	}
 	if p.fault.Stall > 0 {
 		if !send(p.fault.StallAfter) {
@@ -374,16 +503,36 @@ func parseRange(v string, size int64) (start, end int64, ok bool) {
 	return start, end, true
 }
 
+// errExpired: the signed URL a response was sent through expired mid-body.
+var errExpired = errors.New("signature expired")
+
 type countingWriter struct {
-	w http.ResponseWriter
-	s *Server
-	e *entry
+	w     http.ResponseWriter
+	s     *Server
+	e     *entry
+	sig   *signature
+	fault Fault
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	c.s.mu.Lock()
+	if c.sig != nil {
+		if c.sig.expired(c.fault) {
+			c.e.stats.Expired++
+			c.s.mu.Unlock()
+			return 0, errExpired
+		}
+		if c.fault.SignedBytes > 0 {
+			p = p[:min(int64(len(p)), c.fault.SignedBytes-c.sig.sent)]
+		}
+	}
+	c.s.mu.Unlock()
 	n, err := c.w.Write(p)
 	c.s.mu.Lock()
 	c.e.stats.BytesSent += int64(n)
+	if c.sig != nil {
+		c.sig.sent += int64(n)
+	}
 	c.s.mu.Unlock()
 	return n, err
 }

@@ -1,0 +1,753 @@
+package fetch
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Parallel ranges within one file. A file of known size larger than one piece is cut into
+// pieces (16–64 MiB, smaller for files under 128 MiB); up to Options.Connections range workers per file, within
+// Options.MaxConnections for the whole Fetch, each take the lowest piece nobody holds and
+// GET it with a Range request on its own connection, writing at the piece's offset of the
+// partial file (pre-sized, sparse). A per-connection cap of a CDN (16 MiB/s is typical) then
+// multiplies by the connections instead of limiting the file.
+//
+// One hasher per file follows the contiguous prefix as the pieces fill it, reading the bytes
+// just written back from the page cache (pieces are handed out in order, so the prefix stays
+// within a few pieces of the workers and the data is still cached): sha256 runs while the
+// file arrives and never over cold data, and the file is verified the moment its last piece
+// lands.
+//
+// Checkpoints: every Options.CheckpointEvery bytes a worker receives, the partial file is
+// fsynced and the sidecar (.NAME.partial.json, version 2) records how many bytes of each
+// piece are durable and the hash state at a durable offset, so after a reboot each worker
+// fetches at most one checkpoint again. Within one boot the live record (live.go) counts
+// every byte written, so an agent killed with SIGKILL fetches nothing twice.
+//
+// grab is not used here: it transfers a file as one stream from a single offset, with no
+// way to ask for a range with an end or to write at an offset. The single-stream path
+// (transfer.go, on grab) still serves small files, files of unknown size, Connections = 1,
+// and servers that ignore ranges: a 200 to a range request falls back to it.
+
+// rangedSidecar is the sidecar of a file fetched in pieces.
+type rangedSidecar struct {
+	Version    int     `json:"version"`
+	URL        string  `json:"url"`
+	ETag       string  `json:"etag,omitempty"`
+	Size       int64   `json:"size"`
+	SHA256     string  `json:"sha256,omitempty"`
+	Piece      int64   `json:"piece"`
+	Layout     string  `json:"layout"` // ties the live record to this layout
+	Done       []int64 `json:"done"`   // durable bytes of each piece, from its start
+	HashOffset int64   `json:"hash_offset"`
+	HashState  []byte  `json:"hash_state"`
+}
+
+const (
+	rangedVersion = 2
+	minPiece      = 16 << 20
+	maxPiece      = 64 << 20
+	minSharePiece = 1 << 20 // smaller files are not worth a request per connection
+	hashChunk     = 1 << 20
+)
+
+// errNoRanges: the server answered a range request with the whole file.
+var errNoRanges = errors.New("the server ignores byte ranges")
+
+// pieceSize is the piece length for a file of size fetched over Connections connections:
+// four pieces per connection (so the prefix the hasher follows keeps moving), between 16 and
+// 64 MiB (so a CDN's time to first byte stays a small share of each request), but no more
+// than a connection's share, so that a 64 MiB file still uses every connection.
+func (r *run) pieceSize(size int64) int64 {
+	if r.opts.PieceSize > 0 {
+		return r.opts.PieceSize
+	}
+	conns := int64(r.opts.Connections)
+	p := min(max(size/(4*conns), minPiece), maxPiece)
+	return max(min(p, (size+conns-1)/conns), minSharePiece)
+}
+
+// useRanges says whether f is fetched in pieces: its size is known and spans two pieces or
+// more, more than one connection is allowed, and no single-stream checkpoint is waiting to be
+// resumed.
+func (r *run) useRanges(t *task) bool {
+	if t.single || r.opts.Connections < 2 || t.f.Size < 0 || t.f.Size <= r.pieceSize(t.f.Size) {
+		return false
+	}
+	if st, ok := r.readCheckpoint(t.f); ok && st.off > 0 {
+		return false
+	}
+	return true
+}
+
+// rangedFile is one file being fetched in pieces.
+type rangedFile struct {
+	r    *run
+	t    *task
+	l    layout
+	fd   *os.File
+	live *liveRecord
+	hc   *http.Client
+	ft   *fileTransport
+
+	piece  int64
+	pieces int
+
+	mu        sync.Mutex
+	cond      *sync.Cond // signals the hasher and piece waiters
+	sc        rangedSidecar
+	written   []int64 // bytes written of each piece
+	held      []bool  // a worker holds the piece
+	hashOff   int64   // bytes hashed
+	hashState []byte  // marshalled hash after hashOff bytes
+	etag      string
+	stopped   bool
+
+	ckMu    sync.Mutex // one checkpoint at a time
+	signed  atomic.Pointer[string]
+	retries atomic.Int32 // requests retried, for FileResult.Attempts
+}
+
+func (rf *rangedFile) pieceLen(i int) int64 {
+	return min(rf.piece, rf.sc.Size-int64(i)*rf.piece)
+}
+
+// contiguous is how many bytes from the start are written. Call with mu held.
+func (rf *rangedFile) contiguous() int64 {
+	for i := int(rf.hashOff / rf.piece); i < rf.pieces; i++ {
+		if rf.written[i] < rf.pieceLen(i) {
+			return int64(i)*rf.piece + rf.written[i]
+		}
+	}
+	return rf.sc.Size
+}
+
+// downloadPieces runs downloadRanged until the file is in place: a file that changed
+// (ETag, size) starts over, a wrong result is retried within the retry budget, and a server
+// that ignores ranges returns errNoRanges with the partial file discarded and t marked for
+// the single stream.
+func (r *run) downloadPieces(ctx context.Context, t *task) error {
+	restarts := 0
+	budget := &retryBudget{r: r}
+	for {
+		err := r.downloadRanged(ctx, t)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		var re *restartError
+		switch {
+		case errors.Is(err, errNoRanges):
+			if r.resumableOffset(t) > 0 {
+				t.fr.Restarts++
+			}
+			if derr := r.discardPartial(t.f); derr != nil {
+				return derr
+			}
+			t.single = true
+			return errNoRanges
+		case errors.As(err, &re) && restarts <= r.opts.Retries:
+			restarts++
+			t.fr.Restarts++
+			if derr := r.discardPartial(t.f); derr != nil {
+				return derr
+			}
+		case errors.Is(err, ErrChecksum) || errors.Is(err, ErrSize):
+			// verifyAndPlace discarded the partial file: the next round starts over.
+			if err := budget.next(ctx, err, false, t.fr.Attempts); err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// downloadRanged fetches t's file in pieces from where the sidecar and the live record
+// leave it, verifies it and renames it into place.
+func (r *run) downloadRanged(ctx context.Context, t *task) error {
+	rf, err := r.openRanged(t)
+	if err != nil {
+		return err
+	}
+	defer rf.close()
+	if t.fr.Attempts == 0 {
+		t.fr.ResumedFrom = rf.doneBytes()
+	}
+	t.fr.Attempts++
+	t.done.Store(rf.doneBytes())
+	t.total.Store(rf.sc.Size)
+
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var hashErr error
+	var hashSum []byte
+	var hwg sync.WaitGroup
+	hwg.Go(func() {
+		hashSum, hashErr = rf.hash(fctx)
+		if hashErr != nil {
+			cancel(hashErr)
+		}
+	})
+	var wg sync.WaitGroup
+	var once sync.Once
+	var firstErr error
+	workers := min(r.opts.Connections, rf.pieces)
+	for range workers {
+		wg.Go(func() {
+			if err := rf.work(fctx); err != nil {
+				once.Do(func() { firstErr = err })
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	t.fr.Attempts += int(rf.retries.Load())
+	rf.mu.Lock()
+	rf.stopped = true
+	rf.cond.Broadcast()
+	rf.mu.Unlock()
+	hwg.Wait()
+	ckErr := rf.checkpoint()
+	if firstErr == nil && hashErr != nil {
+		firstErr = hashErr
+	}
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
+	if firstErr != nil {
+		if isDiskFull(firstErr) {
+			return &permanentError{fmt.Errorf("%w: %w; %s keeps %d bytes for a resume", ErrDiskFull, firstErr, rf.l.partial, rf.doneBytes())}
+		}
+		return firstErr
+	}
+	if ckErr != nil {
+		return ckErr
+	}
+	if hashSum == nil {
+		return fmt.Errorf("internal error: pieces done but the hash stopped at %d of %d bytes", rf.hashOff, rf.sc.Size)
+	}
+	rf.fd.Close()
+	rf.fd = nil
+	t.setState(FileVerifying)
+	return r.verifyAndPlace(t, hex.EncodeToString(hashSum), rf.sc.Size)
+}
+
+func (rf *rangedFile) close() {
+	if rf.fd != nil {
+		rf.fd.Close()
+	}
+	rf.live.close()
+}
+
+func (rf *rangedFile) doneBytes() int64 {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	var n int64
+	for _, w := range rf.written {
+		n += w
+	}
+	return n
+}
+
+// openRanged resumes the file's pieces from the sidecar (and, in the same boot, the live
+// record), or lays out a fresh partial file.
+func (r *run) openRanged(t *task) (*rangedFile, error) {
+	rf := &rangedFile{r: r, t: t, l: layoutOf(t.f.Name)}
+	rf.cond = sync.NewCond(&rf.mu)
+	rf.hc, rf.ft = r.rangeClient(t)
+	if sc, ok := r.readRangedSidecar(t.f); ok {
+		rf.sc = *sc
+		rf.piece, rf.pieces = sc.Piece, len(sc.Done)
+		rf.written = append([]int64(nil), sc.Done...)
+		rf.hashOff, rf.hashState, rf.etag = sc.HashOffset, sc.HashState, sc.ETag
+		layoutID, _ := hex.DecodeString(sc.Layout)
+		if ls, ok := r.readLive(rf.l.live, layoutID, rf.pieces); ok {
+			for i, w := range ls.written {
+				rf.written[i] = max(rf.written[i], min(w, rf.pieceLen(i)))
+			}
+			if ls.hashOff > rf.hashOff && ls.hashOff <= rf.contiguous() {
+				rf.hashOff, rf.hashState = ls.hashOff, ls.hashState
+			}
+		}
+		fd, err := r.root.OpenFile(rf.l.partial, os.O_RDWR, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open partial file: %w", err)
+		}
+		rf.fd = fd
+		live, err := r.writeLive(rf.l.live, layoutID, rf.written, rf.hashOff, rf.hashState)
+		if err == nil {
+			rf.live = live
+		}
+		rf.held = make([]bool, rf.pieces)
+		return rf, nil
+	}
+	if err := r.discardPartial(t.f); err != nil {
+		return nil, err
+	}
+	size := t.f.Size
+	rf.piece = r.pieceSize(size)
+	rf.pieces = int((size + rf.piece - 1) / rf.piece)
+	rf.written = make([]int64, rf.pieces)
+	rf.held = make([]bool, rf.pieces)
+	state, _ := sha256.New().(encoding.BinaryMarshaler).MarshalBinary()
+	rf.hashState = state
+	layoutID := make([]byte, layoutIDBytes)
+	rand.Read(layoutID)
+	rf.sc = rangedSidecar{Version: rangedVersion, URL: t.f.URL, Size: size, SHA256: t.f.SHA256,
+		Piece: rf.piece, Layout: hex.EncodeToString(layoutID), Done: make([]int64, rf.pieces), HashState: state}
+	fd, err := r.root.OpenFile(rf.l.partial, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create partial file: %w", err)
+	}
+	rf.fd = fd
+	if err := fd.Truncate(size); err != nil {
+		return nil, fmt.Errorf("size partial file: %w", err)
+	}
+	if err := rf.saveSidecar(true); err != nil {
+		return nil, err
+	}
+	if live, err := r.writeLive(rf.l.live, layoutID, rf.written, 0, state); err == nil {
+		rf.live = live
+	}
+	return rf, nil
+}
+
+// readRangedSidecar returns f's version-2 sidecar if it belongs to f and its partial file.
+func (r *run) readRangedSidecar(f File) (*rangedSidecar, bool) {
+	l := layoutOf(f.Name)
+	data, err := r.root.ReadFile(l.sidecar)
+	if err != nil {
+		return nil, false
+	}
+	sc, ok := parseRangedSidecar(data, f)
+	if !ok {
+		return nil, false
+	}
+	fi, err := r.root.Lstat(l.partial)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != sc.Size {
+		return nil, false
+	}
+	return sc, true
+}
+
+func parseRangedSidecar(data []byte, f File) (*rangedSidecar, bool) {
+	var sc rangedSidecar
+	if json.Unmarshal(data, &sc) != nil || sc.Version != rangedVersion || sc.URL != f.URL || sc.SHA256 != f.SHA256 ||
+		sc.Size < 0 || (f.Size >= 0 && sc.Size != f.Size) || sc.Piece <= 0 {
+		return nil, false
+	}
+	if int64(len(sc.Done)) != (sc.Size+sc.Piece-1)/sc.Piece {
+		return nil, false
+	}
+	contiguous, gap := int64(0), false
+	for i, d := range sc.Done {
+		if d < 0 || d > min(sc.Piece, sc.Size-int64(i)*sc.Piece) {
+			return nil, false
+		}
+		if !gap {
+			contiguous += d
+			gap = d < min(sc.Piece, sc.Size-int64(i)*sc.Piece)
+		}
+	}
+	if sc.HashOffset < 0 || sc.HashOffset > contiguous {
+		return nil, false
+	}
+	if id, err := hex.DecodeString(sc.Layout); err != nil || len(id) != layoutIDBytes {
+		return nil, false
+	}
+	if sha256.New().(encoding.BinaryUnmarshaler).UnmarshalBinary(sc.HashState) != nil {
+		return nil, false
+	}
+	return &sc, true
+}
+
+// partialBytes is how much of f's partial file holds data: a ranged partial file is sized in
+// full from the start, so its sidecar (and, this boot, its live record) says.
+func partialBytes(root *os.Root, f File, size int64) int64 {
+	l := layoutOf(f.Name)
+	data, err := root.ReadFile(l.sidecar)
+	if err != nil {
+		return size
+	}
+	sc, ok := parseRangedSidecar(data, f)
+	if !ok {
+		return size
+	}
+	var n int64
+	for _, d := range sc.Done {
+		n += d
+	}
+	r := &run{root: root}
+	id, _ := hex.DecodeString(sc.Layout)
+	if ls, ok := r.readLive(l.live, id, len(sc.Done)); ok {
+		var m int64
+		for i, w := range ls.written {
+			m += max(sc.Done[i], min(w, min(sc.Piece, sc.Size-int64(i)*sc.Piece)))
+		}
+		n = m
+	}
+	return n
+}
+
+// saveSidecar writes the sidecar from rf.sc (the directory synced for a new layout, so
+// that it is found after a reboot).
+func (rf *rangedFile) saveSidecar(syncDir bool) error {
+	data, err := json.Marshal(rf.sc)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(rf.r.root, rf.l.sidecar, data, 0o600, syncDir); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// tryCheckpoint checkpoints unless a checkpoint is already running; it reports whether it did.
+func (rf *rangedFile) tryCheckpoint() (bool, error) {
+	if !rf.ckMu.TryLock() {
+		return false, nil
+	}
+	defer rf.ckMu.Unlock()
+	return true, rf.checkpointLocked()
+}
+
+// checkpoint makes every byte written so far durable and records it: the pieces' written
+// counts and the hash state are taken first, then the file is fsynced, then the sidecar is
+// replaced, so the sidecar never claims a byte that is not on disk.
+func (rf *rangedFile) checkpoint() error {
+	rf.ckMu.Lock()
+	defer rf.ckMu.Unlock()
+	return rf.checkpointLocked()
+}
+
+func (rf *rangedFile) checkpointLocked() error {
+	if rf.fd == nil {
+		return nil
+	}
+	rf.mu.Lock()
+	done := append([]int64(nil), rf.written...)
+	hashOff, hashState, etag := rf.hashOff, rf.hashState, rf.etag
+	rf.mu.Unlock()
+	if err := rf.fd.Sync(); err != nil {
+		return fmt.Errorf("checkpoint: sync partial file: %w", err)
+	}
+	rf.mu.Lock()
+	rf.sc.Done, rf.sc.HashOffset, rf.sc.HashState, rf.sc.ETag = done, hashOff, hashState, etag
+	rf.mu.Unlock()
+	return rf.saveSidecar(false)
+}
+
+// claim gives the worker the lowest piece that is neither complete nor held, or -1.
+func (rf *rangedFile) claim() int {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	for i := range rf.pieces {
+		if !rf.held[i] && rf.written[i] < rf.pieceLen(i) {
+			rf.held[i] = true
+			return i
+		}
+	}
+	return -1
+}
+
+func (rf *rangedFile) release(i int) {
+	rf.mu.Lock()
+	rf.held[i] = false
+	rf.mu.Unlock()
+}
+
+// work is one range worker: it holds a connection slot of the Fetch and fetches pieces
+// until none is left. A failed request is retried on the same piece from where it stopped,
+// re-resolving through the file's URL (a signed CDN URL may have expired); the budget of
+// failures resets whenever bytes arrive.
+func (rf *rangedFile) work(ctx context.Context) error {
+	release, err := rf.r.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	budget := &retryBudget{r: rf.r}
+	buf := make([]byte, copyBufferSize)
+	tries := 1
+	var sinceCk int64 // bytes this worker received since its last checkpoint
+	for {
+		i := rf.claim()
+		if i < 0 {
+			return nil
+		}
+		for {
+			before := rf.t.recv.Load()
+			err := rf.fetchPiece(ctx, i, buf, &sinceCk)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			// The next attempt re-resolves through the file's URL: a signed CDN URL
+			// that failed may have expired.
+			rf.signed.Store(nil)
+			var re *restartError
+			var pe *permanentError
+			if errors.Is(err, errNoRanges) || errors.As(err, &re) || errors.As(err, &pe) || permanent(err) || isDiskFull(err) {
+				return err
+			}
+			tries++
+			rf.retries.Add(1)
+			if err := budget.next(ctx, err, rf.t.recv.Load() > before, tries); err != nil {
+				return err
+			}
+		}
+		rf.release(i)
+	}
+}
+
+// fetchPiece GETs what is missing of piece i and writes it at its offset.
+func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk *int64) error {
+	rf.mu.Lock()
+	start := int64(i)*rf.piece + rf.written[i]
+	end := int64(i)*rf.piece + rf.pieceLen(i) - 1
+	etag := rf.etag
+	rf.mu.Unlock()
+	if start > end {
+		return nil
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	last := newLastByte()
+	stopWatch := rf.r.watchStall(actx, cancel, last)
+	defer stopWatch()
+
+	u := rf.t.f.URL
+	cached := rf.signed.Load()
+	if cached != nil {
+		u = *cached
+	}
+	req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
+	if err != nil {
+		return fmt.Errorf("request: %w", err)
+	}
+	req.Header.Set("User-Agent", "agent-fetch")
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
+	if etag != "" && !strings.HasPrefix(etag, "W/") {
+		req.Header.Set("If-Range", etag)
+	}
+	resp, err := rf.hc.Do(req)
+	if err != nil {
+		rf.signed.Store(nil)
+		if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
+			return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
+		rf.signed.Store(nil)
+		se := statusErrorOf(resp, rf.t.f.URL)
+		if cached != nil {
+			se.Redirected = true // the file's URL was not asked this time
+		}
+		return se
+	}
+	if final := resp.Request.URL.String(); final != rf.t.f.URL {
+		rf.signed.Store(&final)
+	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return fmt.Errorf("%w: server sent Content-Encoding %q though identity was asked for", ErrCompressed, ce)
+	}
+	// The first answer names the ETag of the layout; every later one must carry it (the
+	// other connections' answers may have come in since this request left).
+	got := resp.Header.Get("ETag")
+	rf.mu.Lock()
+	learned := rf.etag == "" && got != ""
+	if learned {
+		rf.etag = got
+	}
+	etag = rf.etag
+	rf.mu.Unlock()
+	if got != etag {
+		return &restartError{reason: fmt.Sprintf("ETag changed from %s to %s", etag, got)}
+	}
+	if resp.StatusCode == http.StatusOK {
+		return errNoRanges
+	}
+	cs, ce, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrBadResponse, err)
+	}
+	switch {
+	case total != rf.sc.Size:
+		return &restartError{reason: fmt.Sprintf("size changed from %d to %d", rf.sc.Size, total)}
+	case cs != start || ce > end:
+		return fmt.Errorf("%w: asked for bytes %d-%d, got Content-Range %q", ErrBadResponse, start, end, resp.Header.Get("Content-Range"))
+	case resp.ContentLength >= 0 && resp.ContentLength != ce-cs+1:
+		return fmt.Errorf("%w: Content-Length %d disagrees with Content-Range %q", ErrBadResponse, resp.ContentLength, resp.Header.Get("Content-Range"))
+	}
+	if learned {
+		if err := rf.checkpoint(); err != nil {
+			return err
+		}
+	}
+	// Read the range (which may end before the piece does: the next request asks for
+	// the rest), writing each read at its offset before counting it.
+	off, want := cs, ce-cs+1
+	body := io.LimitReader(resp.Body, want)
+	for want > 0 {
+		// Never read past this worker's next checkpoint (unless another worker's is being
+		// synced): what a reboot can cost stays within about one checkpoint per range.
+		limit := min(int64(len(buf)), want)
+		if left := rf.r.opts.CheckpointEvery - *sinceCk; left > 0 {
+			limit = min(limit, left)
+		}
+		n, rerr := body.Read(buf[:limit])
+		if n > 0 {
+			if _, err := rf.fd.WriteAt(buf[:n], off); err != nil {
+				return err
+			}
+			off += int64(n)
+			want -= int64(n)
+			last.touch()
+			rf.wrote(i, off-int64(i)*rf.piece, int64(n))
+			if *sinceCk += int64(n); *sinceCk >= rf.r.opts.CheckpointEvery {
+				// While another worker's checkpoint syncs, keep streaming and try again
+				// after the next read: waiting for it would stall this connection.
+				done, err := rf.tryCheckpoint()
+				if err != nil {
+					return err
+				}
+				if done {
+					*sinceCk = 0
+				}
+			}
+		}
+		if rerr == io.EOF && want > 0 {
+			return fmt.Errorf("%w: the range ended %d bytes early", io.ErrUnexpectedEOF, want)
+		}
+		if rerr != nil && rerr != io.EOF {
+			if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
+				return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+			}
+			return rerr
+		}
+	}
+	if ce < end {
+		return rf.fetchPiece(ctx, i, buf, sinceCk) // the server sent a shorter range: ask for the rest
+	}
+	return nil
+}
+
+// wrote records that piece i now holds written bytes from its start (n of them new), in
+// memory and in the live record, and wakes the hasher.
+func (rf *rangedFile) wrote(i int, written, n int64) {
+	rf.mu.Lock()
+	rf.written[i] = written
+	rf.cond.Broadcast()
+	rf.mu.Unlock()
+	if rf.live != nil {
+		rf.live.setPiece(i, written)
+	}
+	rf.t.done.Add(n)
+	rf.t.recv.Add(n)
+	rf.t.moved.Add(n)
+}
+
+// hash feeds the sha256 with the contiguous prefix as it fills, reading it back from the
+// page cache right after it was written; it returns the digest once the whole file is
+// hashed, or nil when the workers stopped first.
+func (rf *rangedFile) hash(ctx context.Context) ([]byte, error) {
+	h := sha256.New()
+	rf.mu.Lock()
+	state, off := rf.hashState, rf.hashOff
+	rf.mu.Unlock()
+	if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, hashChunk)
+	for {
+		rf.mu.Lock()
+		for rf.contiguous() == off && off < rf.sc.Size && !rf.stopped && ctx.Err() == nil {
+			rf.cond.Wait()
+		}
+		upto := rf.contiguous()
+		stopped := rf.stopped
+		rf.mu.Unlock()
+		if off == rf.sc.Size {
+			return h.Sum(nil), nil
+		}
+		if upto == off {
+			if stopped || ctx.Err() != nil {
+				return nil, nil
+			}
+			continue
+		}
+		if err := rf.hashRange(h, buf, &off, upto); err != nil {
+			return nil, fmt.Errorf("hash partial file: %w", err)
+		}
+	}
+}
+
+// hashRange hashes [*off, upto) of the partial file, recording the state after each chunk.
+func (rf *rangedFile) hashRange(h hash.Hash, buf []byte, off *int64, upto int64) error {
+	for *off < upto {
+		n, err := rf.fd.ReadAt(buf[:min(int64(len(buf)), upto-*off)], *off)
+		if n > 0 {
+			h.Write(buf[:n])
+			*off += int64(n)
+			state, _ := h.(encoding.BinaryMarshaler).MarshalBinary()
+			rf.mu.Lock()
+			rf.hashOff, rf.hashState = *off, state
+			rf.mu.Unlock()
+			if rf.live != nil {
+				rf.live.setHash(*off, state)
+			}
+		}
+		if err != nil && !(err == io.EOF && *off == upto) {
+			return err
+		}
+	}
+	return nil
+}
+
+// rangeClient is the client of a file's range workers: the caller's client with its
+// transport wrapped for identity encoding and per-origin headers, and its redirects checked.
+func (r *run) rangeClient(t *task) (*http.Client, *fileTransport) {
+	c := *r.client
+	base := c.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	u, _ := url.Parse(t.f.URL) // validated before
+	ft := &fileTransport{base: base, origin: origin(u), header: t.f.Header, r: r, t: t, last: newLastByte(), plain: true}
+	c.Transport = ft
+	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return checkURL(req.URL, r.opts.Insecure)
+	}
+	return &c, ft
+}
+
+// acquire takes one of the Fetch's connection slots (Options.MaxConnections).
+func (r *run) acquire(ctx context.Context) (func(), error) {
+	select {
+	case r.slots <- struct{}{}:
+		return func() { <-r.slots }, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
