@@ -743,8 +743,15 @@ mark "c" {
 	h := start(t, src, 50*time.Millisecond)
 	a, b, c := filepath.Join(h.dir, "a"), filepath.Join(h.dir, "b"), filepath.Join(h.dir, "c")
 	waitFor(t, "the dependency to fail", func() bool { return h.applies.get(a) == 1 })
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last /status:\n%s", last)
+		}
+	}()
 	waitFor(t, "the dependents to report their wait", func() bool {
 		_, status := h.get(t, "/status")
+		last = status
 		return strings.Count(status, "waiting for mark.a, which failed: mark.a: update: broken on purpose") == 2
 	})
 	if h.applies.get(b)+h.applies.get(c)+h.checks.get(b)+h.checks.get(c) != 0 {

@@ -99,9 +99,13 @@ func (d *Daemon) process(addr string) {
 		w := &WaitingError{Dep: dep}
 		if ds != nil && ds.gen == gen && ds.step != nil && ds.step.Err != nil {
 			var dw *WaitingError
-			if errors.As(ds.step.Err, &dw) {
+			switch {
+			case errors.As(ds.step.Err, &dw):
 				w = dw // the root cause
-			} else {
+			case errors.Is(ds.step.Err, ErrBackoff) || errors.Is(ds.step.Err, ErrTerminalHold):
+				// Held back: the cause is its last failure, not the hold around it.
+				w.Cause = lastFailure(ds)
+			default:
 				w.Cause = ds.step.Err.Error()
 			}
 		}
