@@ -109,9 +109,18 @@ func (d *Daemon) process(addr string) {
 				w.Cause = ds.step.Err.Error()
 			}
 		}
+		var prev *WaitingError
+		changed := rs.step == nil || !errors.As(rs.step.Err, &prev) || *prev != *w
 		rs.step, rs.converged, rs.gen = &agent.Step{Addr: addr, Err: w}, false, gen
 		d.mu.Unlock()
 		d.publish()
+		if changed {
+			// Its dependents wait on it and name its root cause: they learn the new one
+			// (a dependency that has since failed), instead of keeping the old wait.
+			for _, dep := range eng.Dependents(addr) {
+				d.queue.Add(dep)
+			}
+		}
 		return // queued again when the dependency converges
 	}
 	now := time.Now()
