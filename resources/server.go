@@ -224,6 +224,8 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		s.logDir = *c.LogDir
 		if !filepath.IsAbs(s.logDir) {
 			bad(r.Range("log_dir"), "Relative log_dir", "log_dir must be an absolute path.")
+		} else if hasDotDot(s.logDir) {
+			bad(r.Range("log_dir"), "log_dir with ..", fmt.Sprintf("log_dir %q has a \"..\" element; write the directory it means (%s).", s.logDir, filepath.Clean(s.logDir)))
 		}
 	}
 	if c.KeepLogs != nil {

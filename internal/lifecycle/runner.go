@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/trust"
 )
 
 // Spec is what to run: the exact identity of a server.
@@ -168,6 +169,11 @@ func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) 
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	// The log directory and those above it must be root's (internal/trust): another
+	// user who could write there could plant the generation's file or the current link.
+	if err := trust.Dir(log.Dir); err != nil {
+		return nil, fmt.Errorf("log dir: %w", err)
 	}
 	if err := os.MkdirAll(log.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("log dir: %w", err)
