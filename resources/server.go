@@ -988,7 +988,7 @@ func (s *Server) matches(procs lifecycle.Procs, st *proc.Stat) bool {
 			return false
 		}
 	}
-	return true
+	return s.sameUser(procs, st.PID)
 }
 
 // foreignTarget stops a process the agent did not start: its group and session only
@@ -1008,6 +1008,9 @@ func describeProc(procs lifecycle.Procs, pid int) string {
 	d := "pid " + strconv.Itoa(pid)
 	if argv, err := procs.Cmdline(pid); err == nil && len(argv) > 0 {
 		d += " " + strconv.Quote(strings.Join(argv, " "))
+	}
+	if _, uid, err := procs.UIDs(pid); err == nil {
+		d += " (uid " + strconv.FormatUint(uint64(uid), 10) + ")"
 	}
 	return d
 }

@@ -206,3 +206,37 @@ server "s" {
 		}
 	}
 }
+
+// Point 2: a process of another user running the plan's exact command line, environment
+// and port is not adopted: the user is part of the identity. Without takeover the agent
+// names it and leaves it alone; nothing is recorded as this server's.
+func TestServerNeverAdoptsAnotherUsersProcess(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	launched := h.record()
+	h.kill()
+	_ = h.store.Delete("server.qwen")
+
+	argv := append([]string{"--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"}, launched.Argv...)
+	own := exec.Command("setpriv", argv...)
+	own.Env = []string{"FAKE_SGLANG=", "FAKE_SGLANG_DECODE_INTERVAL=100ms"}
+	own.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := own.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go own.Wait()
+	t.Cleanup(func() { _ = syscall.Kill(-own.Process.Pid, syscall.SIGKILL) })
+	oid := waitPortOwner(t, h.port)
+	for _, st := range []*agent.Step{h.plan(), h.apply()} {
+		if st.Err == nil || !strings.Contains(st.Err.Error(), fmt.Sprintf("held by pid %d", oid.PID)) || !strings.Contains(st.Err.Error(), "(uid 65534)") {
+			t.Errorf("err = %v, want the port holder named with its uid", st.Err)
+		}
+	}
+	if ok, _ := h.store.Load("server.qwen", new(serverRecord)); ok {
+		t.Error("another user's process was recorded as this server's")
+	}
+	if !alive(oid) {
+		t.Error("another user's process was signalled without takeover")
+	}
+}

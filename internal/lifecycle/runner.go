@@ -97,6 +97,7 @@ type Procs interface {
 	Cmdline(pid int) ([]string, error)
 	Environ(pid int) ([]string, error)
 	Cwd(pid int) (string, error)
+	UIDs(pid int) (real, effective uint32, err error)
 	BootTime() (time.Time, error)
 	PortOwners(port int) ([]int, error)
 	PortFree(ctx context.Context, port int, wait time.Duration) error
