@@ -317,10 +317,20 @@ func renderFlags(v cty.Value) ([]serverFlag, int, string) {
 	for k, val := range v.AsValueMap() {
 		name := strings.TrimPrefix(k, "--")
 		f := serverFlag{name: name}
+		if msg := flagEdge(k, val); msg != "" {
+			problems = append(problems, msg)
+			continue
+		}
 		var value any
 		switch {
 		case val.IsNull():
 			continue
+		case val.Type() == cty.String && name == "port":
+			// A port written as a string is read as the number it names (flagEdge
+			// refused any other string), so the agent watches the port the server gets.
+			port, _ = strconv.Atoi(val.AsString())
+			value = val.AsString()
+			f.display = strconv.Itoa(port)
 		case val.Type() == cty.String:
 			value = val.AsString()
 			f.display = strconv.Quote(val.AsString())

@@ -240,3 +240,38 @@ func TestServerNeverAdoptsAnotherUsersProcess(t *testing.T) {
 		t.Error("another user's process was signalled without takeover")
 	}
 }
+
+// Point 9: a flag's edges. An empty flag name is refused; a port given as a string is
+// read as that port, or refused when it is not one; a number beyond float64 is refused;
+// 1e300 renders as the float it is, not as 301 digits of a binary approximation.
+func TestServerFlagEdges(t *testing.T) {
+	t.Parallel()
+	bind := func(flags string) (*Server, string) {
+		rs, diags := bindPlan("server \"s\" {\n  command = [\"x\"]\n  flags = "+flags+"\n}\n", Kinds())
+		var msg string
+		for _, d := range diags {
+			msg += d.Summary + ": " + d.Detail + "\n"
+		}
+		s, _ := rs["server.s"].(*Server)
+		return s, msg
+	}
+	for _, tc := range []struct{ flags, want string }{
+		{`{ "" = 1 }`, "empty flag name"},
+		{`{ "--" = true }`, "empty flag name"},
+		{`{ port = "30k" }`, `flags["port"] = "30k" is not a TCP port`},
+		{`{ port = 70000 }`, `flags["port"] = 70000 is not a TCP port`},
+		{`{ port = 1.5 }`, `is not a TCP port`},
+		{`{ x = 1e400 }`, `flags["x"] is beyond what the server can read`},
+	} {
+		if _, msg := bind(tc.flags); !strings.Contains(msg, tc.want) {
+			t.Errorf("flags = %s: diagnostics %q, want %q", tc.flags, msg, tc.want)
+		}
+	}
+	s, msg := bind(`{ port = "30000", x = 1e300, y = 12345678901234567890 }`)
+	if s == nil {
+		t.Fatal(msg)
+	}
+	if s.port != 30000 || !strings.Contains(strings.Join(s.argv(), " "), "--port 30000 --x 1e+300 --y 12345678901234567890") {
+		t.Errorf("port %d, argv %q", s.port, s.argv())
+	}
+}
