@@ -59,6 +59,7 @@ type ServerReadyConfig struct {
 	HTTP    *string `hcl:"http,optional"`
 	LogLine *string `hcl:"log_line,optional"`
 	Timeout *string `hcl:"timeout,optional"`
+	Settle  *string `hcl:"settle,optional"`
 }
 
 // ServerStopConfig is the `stop` block of a server.
@@ -79,6 +80,7 @@ type ServerSmokeConfig struct {
 // Defaults of a server block.
 const (
 	DefaultReadyTimeout   = 20 * time.Minute
+	DefaultSettle         = 3 * time.Second
 	DefaultStopTimeout    = 90 * time.Second
 	DefaultServerLogDir   = "/var/log/agent"
 	DefaultKeepLogs       = 5
@@ -159,7 +161,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env,
 		workdir: defaultWorkdir, user: deref(c.User), takeover: deref(c.Takeover),
 		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
-		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout},
+		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout, Settle: DefaultSettle},
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout,
 		envSensitive: r.Sensitive["env"], flagsSensitive: r.Sensitive["flags"],
 	}
@@ -248,6 +250,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		s.ready.HTTP = deref(c.Ready.HTTP)
 		s.ready.LogLine = deref(c.Ready.LogLine)
 		s.ready.Timeout = duration(c.Ready.Timeout, DefaultReadyTimeout, "ready", "timeout")
+		s.ready.Settle = settleDuration(c.Ready.Settle, bad, r.Range("ready", "settle"))
 		if s.ready.HTTP != "" && !strings.HasPrefix(s.ready.HTTP, "/") {
 			bad(r.Range("ready", "http"), "Invalid ready.http", "ready.http is a path on the server's port, such as \"/health\".")
 		}
@@ -403,7 +406,7 @@ func (s *Server) flagDisplay() map[string]string {
 // Timeout bounds one step: a stop, a launch until ready, and the smoke test.
 func (s *Server) Timeout() time.Duration {
 	return s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
-		s.ready.Timeout + lifecycle.DefaultSmokeTimeout + time.Minute
+		s.ready.Timeout + s.ready.Settle + lifecycle.DefaultSmokeTimeout + time.Minute
 }
 
 // errNoInstance is wrapped when the server's container does not exist (yet).
@@ -500,6 +503,15 @@ type serverRecord struct {
 	ReadyAt    time.Time `json:"ready_at,omitzero"`
 	// UnreadySince is when observation first found the server not ready (zero: ready).
 	UnreadySince time.Time `json:"unready_since,omitzero"`
+	// Verification (server_verify.go): when the launch was verified (ready, settled,
+	// smoke test), the smoke test's failure when that alone failed, and why the agent
+	// stopped a launch that failed its verification.
+	VerifiedAt   time.Time      `json:"verified_at,omitzero"`
+	SmokeFailure string         `json:"smoke_failure,omitempty"`
+	Failure      *launchFailure `json:"failure,omitempty"`
+	// StoppingSince is set while an apply stops this generation (status must not call
+	// a generation being stopped ready).
+	StoppingSince time.Time `json:"stopping_since,omitzero"`
 	// Pending is a launch about to start, recorded before the process exists (no PID
 	// yet): an agent killed between the start and the record leaves it, and the next
 	// Check adopts the process its marker names instead of starting a second server.
@@ -653,6 +665,8 @@ type serverDetail struct {
 	// lastGen is the generation of a record stopped for good (server_delete.go): a new
 	// launch continues its numbering.
 	lastGen int
+	// verify: prev runs and matches, but its launch was never verified (server_verify.go).
+	verify bool
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -730,6 +744,9 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 	if alive {
 		if changes := s.identityChanges(&rec); len(changes) > 0 {
 			return &agent.Diff{Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
+		}
+		if !rec.verified() {
+			return s.verifyDiff(env, &rec), nil
 		}
 		return s.checkReady(ctx, env, lc, &rec)
 	}
@@ -1047,6 +1064,9 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	if err != nil {
 		return err // before anything is stopped
 	}
+	if det.verify {
+		return s.verifyRecorded(ctx, env, lc, det.prev)
+	}
 	prevGen := det.lastGen
 	if det.prev != nil {
 		prevGen = det.prev.Generation
@@ -1131,13 +1151,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 		}
 		return errors.Join(err, serr)
 	}
-	if !x.ReadyAt.IsZero() {
-		rec.ReadyAt = x.ReadyAt
-		if serr := env.State.Save(&rec); serr != nil && err == nil {
-			err = serr
-		}
-	}
-	return err
+	return s.recordVerification(env, &rec, x, err)
 }
 
 // recoverPending settles a launch recorded as pending by an agent that stopped before
