@@ -1084,8 +1084,10 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 		if port == 0 {
 			port = s.port
 		}
+		s.markStopping(env, det.prev, true)
 		rep, err := plc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, port)
 		if err != nil {
+			s.markStopping(env, det.prev, false)
 			return fmt.Errorf("stop generation %d (pid %d): %w", det.prev.Generation, det.prev.PID, err)
 		}
 		env.Log.Info("stopped", "generation", det.prev.Generation, "pid", det.prev.PID, "result", lifecycle.Summary(rep))
@@ -1262,10 +1264,12 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 				field("last line", tail[0])
 			}
 		}
+		s.statusIncident(field, st, &rec, procs)
 		return st, nil
 	}
 	st.Metrics["up"] = 1
 	var problems []string
+	problems = append(problems, s.statusInFlight(field, &rec)...)
 	if changes := s.identityChanges(&rec); len(changes) > 0 {
 		var attrs []string
 		for _, c := range changes {
@@ -1273,7 +1277,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		}
 		problems = append(problems, "drift: restart of "+strings.Join(attrs, ", "))
 	}
-	ready := s.notReady(ctx, lc, &rec)
+	ready := "being stopped by an apply in flight"
+	if rec.StoppingSince.IsZero() {
+		ready = s.notReady(ctx, lc, &rec)
+	}
 	if ready == "" {
 		field("readiness", "ready")
 		st.Metrics["ready"] = 1
@@ -1289,7 +1296,13 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 			servingFields(field, "/metrics ", pm, nil)
 		}
 	}
-	if s.smoke != nil && ready == "" {
+	if s.smoke != nil && ready == "" && !env.Probe {
+		// The smoke test loads the server (a completion of up to max_tokens): it runs
+		// after a launch and on `agent status --smoke`, and status otherwise shows the
+		// launch's verdict.
+		problems = append(problems, s.launchSmokeVerdict(field, st.Metrics, &rec)...)
+	}
+	if s.smoke != nil && ready == "" && env.Probe {
 		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
 		switch {
 		case err != nil:

@@ -45,6 +45,7 @@ variable "penalty" {
 variable "takeover" { default = false }
 variable "ready_timeout" { default = "15s" }
 variable "settle" { default = "1s" }
+variable "stop_timeout" { default = "1s" }
 variable "grace" { default = "5m" }
 
 server "qwen" {
@@ -67,7 +68,7 @@ server "qwen" {
     settle   = var.settle
   }
   stop {
-    timeout = "1s"
+    timeout = var.stop_timeout
   }
   unhealthy_grace = var.grace
   smoke_test {
@@ -150,6 +151,13 @@ func (h *srvHarness) apply(vars ...string) *agent.Step {
 func (h *srvHarness) status(vars ...string) *agent.Step {
 	h.t.Helper()
 	return h.engine(vars...).Status(context.Background()).Steps[0]
+}
+
+// probe is `agent status --smoke`: status with the smoke test run now.
+func (h *srvHarness) probe(vars ...string) *agent.Step {
+	h.t.Helper()
+	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
+	return testEngine(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, agent.Options{Probe: true}, vars...).Status(context.Background()).Steps[0]
 }
 
 // mustLeaveAlone checks that a healthy server matching the plan (generation 1, first) is
@@ -254,7 +262,7 @@ func TestServerLoopingOutputDegradedNotKilled(t *testing.T) {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
 	mustOK(t, h.apply("faults=loop", "penalty=0"))
-	st := h.status("faults=loop", "penalty=0")
+	st := h.probe("faults=loop", "penalty=0")
 	mustOK(t, st)
 	if st.Status.Healthy || !strings.Contains(st.Status.Summary, "smoke test failed") ||
 		!strings.Contains(fieldOf(st.Status, "smoke output"), "The user is asking for the result of 2+2.") {

@@ -108,3 +108,19 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 	}
 	return err
 }
+
+// launchSmokeVerdict adds the smoke test's verdict at launch to status (without running
+// it), and returns the problem it is, if any.
+func (s *Server) launchSmokeVerdict(field func(string, string), metrics map[string]float64, rec *serverRecord) []string {
+	switch {
+	case rec.SmokeFailure != "":
+		field("smoke test", "failed at launch: "+rec.SmokeFailure+" (agent status --smoke runs it again)")
+		return []string{"smoke test failed at launch (" + rec.SmokeFailure + "); the server is left running: a bad answer is a sampling problem, not a server fault"}
+	case !rec.VerifiedAt.IsZero():
+		field("smoke test", "passed at launch, "+rec.VerifiedAt.Format("2006-01-02 15:04:05")+" (agent status --smoke runs it again)")
+		metrics["smoke_test_passed"] = 1
+	case rec.Adopted:
+		field("smoke test", "not run: adopted, not launched by this agent (agent status --smoke runs it)")
+	}
+	return nil
+}

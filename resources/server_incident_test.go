@@ -1,0 +1,125 @@
+package resources
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/lifecycle"
+)
+
+// Point 7(a): a launch the agent stopped for ready.timeout is reported as such by status,
+// with the lines it quoted from that launch's log.
+func TestStatusSaysTheAgentStoppedALaunchForReadyTimeout(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	vars := []string{"faults=slow-start=60s", "ready_timeout=2s"}
+	if st := h.apply(vars...); st.Err == nil || !strings.Contains(st.Err.Error(), "ready.timeout") {
+		t.Fatalf("apply: %v", st.Err)
+	}
+	st := h.status(vars...)
+	mustOK(t, st)
+	if st.Status.Healthy || !strings.Contains(st.Status.Summary, "generation 1 was stopped by the agent") ||
+		!strings.Contains(st.Status.Summary, "(ready.timeout)") || !strings.Contains(fieldOf(st.Status, "log tail"), "Load weight begin") {
+		t.Errorf("status = %+v", st.Status)
+	}
+}
+
+// Point 7(b): while an apply stops a generation (here one that ignores SIGTERM, so the
+// stop takes its stop.timeout), status never calls it ready.
+func TestStatusNeverCallsAGenerationBeingStoppedReady(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply("faults=ignore-sigterm"))
+	first := h.record()
+	vars := []string{"faults=ignore-sigterm", "mem=0.85", "stop_timeout=8s"}
+	done := make(chan *agent.Step, 1)
+	go func() { done <- h.engine(vars...).Apply(context.Background(), nil).Steps[0] }()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var r serverRecord
+		if ok, _ := h.store.Load("server.qwen", &r); ok && !r.StoppingSince.IsZero() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the apply never recorded that it is stopping generation 1")
+		}
+	}
+	if !alive(first.id()) {
+		t.Fatal("generation 1 is gone already: the test proves nothing")
+	}
+	st := h.status(vars...)
+	mustOK(t, st)
+	if st.Status.Healthy || fieldOf(st.Status, "readiness") == "ready" || !strings.Contains(st.Status.Summary, "being stopped") {
+		t.Errorf("status during the stop = %+v", st.Status)
+	}
+	mustOK(t, <-done)
+	if r := h.record(); r.Generation != 2 || !r.StoppingSince.IsZero() {
+		t.Errorf("record after the apply: %+v", r)
+	}
+	if st := h.status(vars...); !st.Status.Healthy {
+		t.Errorf("status after the apply = %+v", st.Status)
+	}
+}
+
+// Point 7(c): a recorded server that is gone while a foreign process holds its port:
+// status names that process.
+func TestStatusNamesTheForeignPortHolder(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	h.kill()
+	foreign := exec.Command(fakeSGLang(t), "--model-path", "someone/else", "--port", strconv.Itoa(h.port))
+	foreign.Env = []string{"FAKE_SGLANG_DECODE_INTERVAL=0"}
+	foreign.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := foreign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go foreign.Wait()
+	t.Cleanup(func() { _ = syscall.Kill(-foreign.Process.Pid, syscall.SIGKILL) })
+	fid := waitPortOwner(t, h.port)
+	st := h.status()
+	mustOK(t, st)
+	want := fmt.Sprintf("port %d is held by pid %d", h.port, fid.PID)
+	if st.Status.Healthy || !strings.Contains(st.Status.Summary, want) || !strings.Contains(fieldOf(st.Status, "port"), "someone/else") {
+		t.Errorf("status = %+v, want %q", st.Status, want)
+	}
+}
+
+// Point 8: the smoke test (a real completion) runs after a launch and on demand, never
+// on a plain status: status shows the launch's verdict and sends no completion.
+func TestStatusRunsNoSmokeTestUnlessAsked(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{}}
+	requests := func() float64 {
+		m, err := lc.Metrics(context.Background(), h.port)
+		if err != nil || m.Requests == nil {
+			t.Fatalf("/metrics: %v %+v", err, m)
+		}
+		return *m.Requests
+	}
+	before := requests()
+	for range 3 {
+		st := h.status()
+		mustOK(t, st)
+		if !st.Status.Healthy || !strings.Contains(fieldOf(st.Status, "smoke test"), "passed at launch") {
+			t.Errorf("status = %+v", st.Status)
+		}
+	}
+	mustLeaveAlone(t, h.plan, h.apply, h.record, h.record())
+	if n := requests(); n != before {
+		t.Errorf("status, plan and apply sent %v completions to a healthy server, want none", n-before)
+	}
+	st := h.probe()
+	mustOK(t, st)
+	if n := requests(); n != before+1 || !strings.HasPrefix(fieldOf(st.Status, "smoke test"), "passed (repetition") {
+		t.Errorf("status --smoke: %v completions, smoke test %q", n-before, fieldOf(st.Status, "smoke test"))
+	}
+}
