@@ -1084,6 +1084,12 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 		if port == 0 {
 			port = s.port
 		}
+		if det.takeover != nil {
+			// A foreign process holds the port, not the previous generation (dead, or
+			// gone from it): this stop cannot free it; the takeover's stop below does,
+			// verified, and the port is checked again before the launch.
+			port = 0
+		}
 		s.markStopping(env, det.prev, true)
 		rep, err := plc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, port)
 		if err != nil {

@@ -123,3 +123,35 @@ func TestStatusRunsNoSmokeTestUnlessAsked(t *testing.T) {
 		t.Errorf("status --smoke: %v completions, smoke test %q", n-before, fieldOf(st.Status, "smoke test"))
 	}
 }
+
+// Point 6: takeover = true when the recorded server is already dead and a foreign process
+// holds the port: the previous generation's stop does not wait for a port it cannot free,
+// the foreign holder is stopped (verified) and the server launched.
+func TestServerTakeoverWhenOurServerIsDeadAndTheirsHoldsThePort(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	first := h.record()
+	h.kill()
+	foreign := exec.Command(fakeSGLang(t), "--model-path", "someone/else", "--port", strconv.Itoa(h.port))
+	foreign.Env = []string{"FAKE_SGLANG_DECODE_INTERVAL=0"}
+	foreign.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := foreign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go foreign.Wait()
+	t.Cleanup(func() { _ = syscall.Kill(-foreign.Process.Pid, syscall.SIGKILL) })
+	fid := waitPortOwner(t, h.port)
+	if st := h.apply(); st.Err == nil || !alive(fid) {
+		t.Fatalf("without takeover: %v, foreign alive %v", st.Err, alive(fid))
+	}
+	start := time.Now()
+	mustOK(t, h.apply("takeover=true"))
+	if alive(fid) {
+		t.Error("the foreign port holder survived the takeover")
+	}
+	if r := h.record(); r.Generation != first.Generation+1 || !alive(r.id()) {
+		t.Errorf("record after the takeover: %+v", r)
+	}
+	t.Logf("takeover and launch took %s", time.Since(start))
+}
