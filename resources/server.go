@@ -667,6 +667,8 @@ type serverDetail struct {
 	lastGen int
 	// verify: prev runs and matches, but its launch was never verified (server_verify.go).
 	verify bool
+	// stopped is set by Apply once it stopped prev's live process (server_checkfirst.go).
+	stopped bool
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -1052,7 +1054,7 @@ func procStart(procs lifecycle.Procs, ticks uint64) (time.Time, error) {
 
 // Apply adopts, or stops what must stop (verified) and launches a new generation
 // (verified: alive, log grown, ready, smoke test).
-func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err error) {
 	det, ok := d.Detail.(*serverDetail)
 	if !ok {
 		return fmt.Errorf("internal error: diff detail is %T", d.Detail)
@@ -1067,6 +1069,10 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	if det.verify {
 		return s.verifyRecorded(ctx, env, lc, det.prev)
 	}
+	if err := s.checkBeforeBreak(ctx, env, lc, det); err != nil {
+		return err // before anything is stopped
+	}
+	defer func() { err = det.afterBreak(err) }()
 	prevGen := det.lastGen
 	if det.prev != nil {
 		prevGen = det.prev.Generation
@@ -1097,6 +1103,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 			return fmt.Errorf("stop generation %d (pid %d): %w", det.prev.Generation, det.prev.PID, err)
 		}
 		env.Log.Info("stopped", "generation", det.prev.Generation, "pid", det.prev.PID, "result", lifecycle.Summary(rep))
+		det.stopped = !rep.LeaderGone
 	}
 	if det.takeover != nil {
 		rep, err := lc.Stop(ctx, *det.takeover, s.stopSignal, s.stopTimeout, s.port)

@@ -3,7 +3,9 @@ package resources
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -154,4 +156,63 @@ func TestServerTakeoverWhenOurServerIsDeadAndTheirsHoldsThePort(t *testing.T) {
 		t.Errorf("record after the takeover: %+v", r)
 	}
 	t.Logf("takeover and launch took %s", time.Since(start))
+}
+
+// immutable makes dir unwritable even for root: chattr +i, or where the filesystem has no
+// such attribute, a read-only bind mount of it onto itself. Undone when the test ends.
+func immutable(t *testing.T, dir string) {
+	t.Helper()
+	if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err == nil {
+		t.Cleanup(func() { exec.Command("chattr", "-i", dir).Run() })
+		return
+	} else if out2, err2 := exec.Command("mount", "--bind", "-o", "ro", dir, dir).CombinedOutput(); err2 != nil {
+		t.Fatalf("cannot make %s unwritable for root: chattr: %s; mount: %s", dir, out, out2)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+}
+
+// Point 4: check before break. A typo in command, a log directory root cannot write, and
+// a directory where the current log link goes each leave the healthy server running,
+// untouched, with an error that says so; a start that fails after the stop says that the
+// previous generation was stopped.
+func TestServerRelaunchChecksFirstThenStops(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	mustOK(t, h.apply())
+	first := h.record()
+	untouched := func(what string, st *agent.Step, want ...string) {
+		t.Helper()
+		if st.Err == nil {
+			t.Fatalf("%s: applied", what)
+		}
+		for _, w := range append(want, "not stopping generation 1") {
+			if !strings.Contains(st.Err.Error(), w) {
+				t.Errorf("%s: error lacks %q: %v", what, w, st.Err)
+			}
+		}
+		if r := h.record(); r.id() != first.id() || !alive(first.id()) {
+			t.Fatalf("%s: the healthy server was stopped: %+v", what, r)
+		}
+	}
+	untouched("typo in an absolute command", h.apply("fake="+fakeSGLang(t)+"x"), "no such file")
+	untouched("typo in a bare command", h.apply("fake=fake-sglangg"), `command "fake-sglangg" is not found in PATH`)
+	os.WriteFile(filepath.Join(h.dir, "notexec"), []byte("#!/bin/sh\n"), 0o644)
+	untouched("a command that is not executable", h.apply("fake="+filepath.Join(h.dir, "notexec")), "is not an executable file")
+
+	ro := filepath.Join(h.dir, "ro")
+	os.Mkdir(ro, 0o755)
+	immutable(t, ro)
+	untouched("a log dir root cannot write", h.apply("logs="+ro, "mem=0.85"), "log dir "+ro+" is not writable")
+
+	dirAtLink := filepath.Join(h.dir, "linkdir")
+	os.MkdirAll(filepath.Join(dirAtLink, "qwen.log"), 0o755)
+	untouched("a directory at the log link", h.apply("logs="+dirAtLink, "mem=0.85"), "qwen.log exists and is not a symlink")
+
+	// log_dir is not part of the identity: the flag change above is the relaunch.
+	// What cannot be checked first (here an OOM while loading) fails after the stop,
+	// and the error says that the previous generation was stopped.
+	st := h.apply("faults=oom")
+	if st.Err == nil || !strings.Contains(st.Err.Error(), fmt.Sprintf("generation 1 (pid %d) was stopped, verified, then: launch of generation 2 failed", first.PID)) {
+		t.Errorf("apply of an OOM: %v", st.Err)
+	}
 }
