@@ -107,7 +107,7 @@ log="$dir/$name.$gen.log"
 cur="$dir/$name.log"
 case $prog in
 */*) [ -f "$prog" ] && [ -x "$prog" ] || { echo "$prog is not an executable file" >&2; exit 30; } ;;
-*) command -v -- "$prog" >/dev/null 2>&1 || { echo "$prog is not found in PATH ($PATH)" >&2; exit 30; } ;;
+*) command -v "$prog" >/dev/null 2>&1 || { echo "$prog is not found in PATH ($PATH)" >&2; exit 30; } ;;
 esac
 mkdir -p -- "$dir" || exit 20
 if [ -e "$cur" ] && [ ! -L "$cur" ]; then exit 21; fi
