@@ -29,15 +29,26 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	if err != nil {
 		return err
 	}
+	running := false
+	if det.stop && det.prev != nil {
+		alive, aerr := s.host.Proc.Alive(det.prev.id())
+		running = aerr == nil && alive
+	}
 	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user}
 	err = lc.Preflight(ctx, spec, lifecycle.LogFile{Dir: s.logDir, Name: s.name, Generation: gen})
+	if err == nil && running && s.preflightMode != "off" {
+		// A running server is not stopped for a launch whose model would not fit even
+		// once it is gone (its memory counts as freed): with preflight = "warn" a
+		// first launch only warns, but nothing serving is broken on that bet.
+		if msg, fits := s.preflight(ctx, det.prev); !fits {
+			err = fmt.Errorf("%w: the model would not fit the GPUs: %s (preflight = \"off\" skips this check)", lifecycle.ErrPreflight, msg)
+		}
+	}
 	if err == nil {
 		return nil
 	}
-	if det.stop && det.prev != nil {
-		if alive, aerr := s.host.Proc.Alive(det.prev.id()); aerr == nil && alive {
-			return fmt.Errorf("not stopping generation %d (pid %d), which keeps running: generation %d could not start: %w", det.prev.Generation, det.prev.PID, gen, err)
-		}
+	if running {
+		return fmt.Errorf("not stopping generation %d (pid %d), which keeps running: generation %d could not start: %w", det.prev.Generation, det.prev.PID, gen, err)
 	}
 	return fmt.Errorf("not launching generation %d: %w", gen, err)
 }
