@@ -72,6 +72,18 @@ func (s *Store) Dir() string { return s.dir }
 // maxRecord bounds what Load reads: a record is a few kilobytes.
 const maxRecord = 16 << 20
 
+// readTrusted reads a file of the state directory: never through a symlink, and only a
+// file root (or the agent) wrote and nobody else can write (trust.OpenFile), since a
+// record names processes the agent may signal.
+func readTrusted(p string) ([]byte, error) {
+	f, err := trust.OpenFile(p, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxRecord))
+}
+
 var addrRE = regexp.MustCompile(`^[a-z][a-z0-9_]*\.[A-Za-z0-9_-]+$`)
 
 func (s *Store) path(addr string) (string, error) {
@@ -88,17 +100,10 @@ func (s *Store) Load(addr string, v any) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	// Never through a symlink, and only a file root (or the agent) wrote and nobody
-	// else can write: a record names a process the agent may signal.
-	f, err := trust.OpenFile(p, os.O_RDONLY, 0)
+	data, err := readTrusted(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
-	if err != nil {
-		return false, fmt.Errorf("%s: read state: %w", addr, err)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxRecord))
-	f.Close()
 	if err != nil {
 		return false, fmt.Errorf("%s: read state: %w", addr, err)
 	}
