@@ -53,6 +53,9 @@ type Options struct {
 	// AllowDeleteAll lets an apply delete every resource of a guarded kind (Kind.Guarded:
 	// every server) while the plan keeps none (--allow-delete-all).
 	AllowDeleteAll bool
+	// Probe is passed to resources as Env.Probe: status runs its costly probes
+	// (`agent status --smoke`).
+	Probe bool
 	// Hold, when set, is asked before each resource is observed and again right before it
 	// is acted on; a non-nil error fails the step with that error without touching the
 	// resource (and skips its dependents). The reconcile loop uses it for per-resource
@@ -189,7 +192,7 @@ func (e *Engine) Order() []string {
 }
 
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal}
+	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal, Probe: e.opts.Probe}
 }
 
 // Budget bounds how long one Apply of the whole plan can take: every step's observe, act

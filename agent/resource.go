@@ -51,6 +51,10 @@ type Env struct {
 	// progress (download bars). It is nil under --json and when output is not a terminal:
 	// progress is then quiet, and reaches machines through Status instead.
 	Terminal io.Writer
+	// Probe asks Status for the probes that load a production server (a server's smoke
+	// test: a real completion of up to max_tokens). Off by default, so that status and
+	// every pass of the reconcile loop stay cheap; `agent status --smoke` sets it.
+	Probe bool
 }
 
 // Kind is a resource type: its name in plans, its configuration schema, and how to bind a

@@ -4,14 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
-	"syscall"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+
+	"github.com/agent-dev/agent/internal/trust"
 )
 
 // Bounds on what a plan may ask of the parser and the evaluator. The agent runs as root on
@@ -196,52 +195,28 @@ func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 var ErrInsecurePlan = errors.New("plan file writable by other users")
 
 // CheckOwnership is sshd's StrictModes for a plan file (or -var-file) read by an agent
-// running as euid 0: the file (after symlinks) and the directory holding it must be owned
-// by root and not writable by group or others. A group- or world-writable file lets
-// another user make root run any command (a server's argv); a writable directory lets
-// them replace the file, or add a *.hcl file to a directory plan. A directory with the
-// sticky bit (/tmp) is accepted for a single file, since others cannot replace a file they
-// do not own there. Other euids are not checked: a user's plan is theirs.
+// running as euid 0 (internal/trust): the file (after symlinks), the directory holding it
+// and every directory above must be owned by root and not writable by group or others. A
+// group- or world-writable file lets another user make root run any command (a server's
+// argv); a writable directory lets them replace the file, or add a *.hcl file to a
+// directory plan. A directory with the sticky bit (/tmp) is accepted above a single file,
+// since others cannot replace a file they do not own there, but never as a directory
+// plan. Other euids are not checked: a user's plan is theirs.
 func CheckOwnership(path string, euid int, isDirPlan bool) error {
 	if euid != 0 {
 		return nil
 	}
-	real, err := filepath.EvalSymlinks(path)
+	fi, err := os.Stat(path)
 	if err != nil {
-		return err
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return err
-	}
-	if err := strict(path, real, fi, !fi.IsDir() || !isDirPlan); err != nil {
 		return err
 	}
 	if fi.IsDir() {
-		return nil
+		err = trust.Dir(path)
+	} else {
+		err = trust.File(path, isDirPlan)
 	}
-	dir := filepath.Dir(real)
-	di, err := os.Stat(dir)
-	if err != nil {
-		return err
+	if errors.Is(err, trust.ErrUntrusted) {
+		return fmt.Errorf("%w: %w", ErrInsecurePlan, err)
 	}
-	return strict(dir, dir, di, !isDirPlan)
-}
-
-func strict(shown, real string, fi fs.FileInfo, stickyOK bool) error {
-	where := shown
-	if real != shown {
-		where = fmt.Sprintf("%s (→ %s)", shown, real)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 {
-		return fmt.Errorf("%w: %s is owned by uid %d, not root; the agent runs as root and would run what its owner writes: chown root %s", ErrInsecurePlan, where, st.Uid, real)
-	}
-	perm := fi.Mode().Perm()
-	if perm&0o022 == 0 {
-		return nil
-	}
-	if fi.IsDir() && fi.Mode()&fs.ModeSticky != 0 && stickyOK {
-		return nil
-	}
-	return fmt.Errorf("%w: %s has mode %04o, writable by group or others; the agent runs as root and would run what they write: chmod go-w %s", ErrInsecurePlan, where, perm, real)
+	return err
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/fetch"
+	"github.com/agent-dev/agent/internal/trust"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -131,6 +132,8 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 		timeout: defaultDownloadTimeout, insecure: deref(c.Insecure), getenv: os.Getenv}
 	if !filepath.IsAbs(c.Dest) {
 		bad(r.Range("dest"), "Relative destination", fmt.Sprintf("dest %q must be absolute.", c.Dest))
+	} else if hasDotDot(c.Dest) {
+		bad(r.Range("dest"), "Destination with ..", fmt.Sprintf("dest %q has a \"..\" element; write the directory it means (%s), so the plan says where files land.", c.Dest, filepath.Clean(c.Dest)))
 	} else {
 		d.dest = filepath.Clean(c.Dest)
 	}
@@ -411,6 +414,9 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 			return nil, err
 		}
 	}
+	if err := trust.Dir(d.dest); err != nil {
+		return nil, fmt.Errorf("dest: %w", err)
+	}
 	res, err := fetch.Check(ctx, d.dest, t.files)
 	if err != nil {
 		return nil, err
@@ -519,6 +525,9 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 		StallTimeout: d.stall, CheckpointEvery: d.checkpoint,
 		Insecure: d.insecure, AllowUnverified: unverified, Progress: rep.update, ProgressInterval: 250 * time.Millisecond,
 		Now: env.Now,
+	}
+	if err := trust.Dir(d.dest); err != nil {
+		return fmt.Errorf("dest: %w", err)
 	}
 	res, ferr := fetch.Fetch(ctx, files, opts)
 	rep.finish()

@@ -59,6 +59,7 @@ type ServerReadyConfig struct {
 	HTTP    *string `hcl:"http,optional"`
 	LogLine *string `hcl:"log_line,optional"`
 	Timeout *string `hcl:"timeout,optional"`
+	Settle  *string `hcl:"settle,optional"`
 }
 
 // ServerStopConfig is the `stop` block of a server.
@@ -79,6 +80,7 @@ type ServerSmokeConfig struct {
 // Defaults of a server block.
 const (
 	DefaultReadyTimeout   = 20 * time.Minute
+	DefaultSettle         = 3 * time.Second
 	DefaultStopTimeout    = 90 * time.Second
 	DefaultServerLogDir   = "/var/log/agent"
 	DefaultKeepLogs       = 5
@@ -159,7 +161,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env,
 		workdir: defaultWorkdir, user: deref(c.User), takeover: deref(c.Takeover),
 		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
-		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout},
+		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout, Settle: DefaultSettle},
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout,
 		envSensitive: r.Sensitive["env"], flagsSensitive: r.Sensitive["flags"],
 	}
@@ -224,6 +226,8 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		s.logDir = *c.LogDir
 		if !filepath.IsAbs(s.logDir) {
 			bad(r.Range("log_dir"), "Relative log_dir", "log_dir must be an absolute path.")
+		} else if hasDotDot(s.logDir) {
+			bad(r.Range("log_dir"), "log_dir with ..", fmt.Sprintf("log_dir %q has a \"..\" element; write the directory it means (%s).", s.logDir, filepath.Clean(s.logDir)))
 		}
 	}
 	if c.KeepLogs != nil {
@@ -246,6 +250,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		s.ready.HTTP = deref(c.Ready.HTTP)
 		s.ready.LogLine = deref(c.Ready.LogLine)
 		s.ready.Timeout = duration(c.Ready.Timeout, DefaultReadyTimeout, "ready", "timeout")
+		s.ready.Settle = settleDuration(c.Ready.Settle, bad, r.Range("ready", "settle"))
 		if s.ready.HTTP != "" && !strings.HasPrefix(s.ready.HTTP, "/") {
 			bad(r.Range("ready", "http"), "Invalid ready.http", "ready.http is a path on the server's port, such as \"/health\".")
 		}
@@ -315,10 +320,20 @@ func renderFlags(v cty.Value) ([]serverFlag, int, string) {
 	for k, val := range v.AsValueMap() {
 		name := strings.TrimPrefix(k, "--")
 		f := serverFlag{name: name}
+		if msg := flagEdge(k, val); msg != "" {
+			problems = append(problems, msg)
+			continue
+		}
 		var value any
 		switch {
 		case val.IsNull():
 			continue
+		case val.Type() == cty.String && name == "port":
+			// A port written as a string is read as the number it names (flagEdge
+			// refused any other string), so the agent watches the port the server gets.
+			port, _ = strconv.Atoi(val.AsString())
+			value = val.AsString()
+			f.display = strconv.Itoa(port)
 		case val.Type() == cty.String:
 			value = val.AsString()
 			f.display = strconv.Quote(val.AsString())
@@ -391,7 +406,7 @@ func (s *Server) flagDisplay() map[string]string {
 // Timeout bounds one step: a stop, a launch until ready, and the smoke test.
 func (s *Server) Timeout() time.Duration {
 	return s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
-		s.ready.Timeout + lifecycle.DefaultSmokeTimeout + time.Minute
+		s.ready.Timeout + s.ready.Settle + lifecycle.DefaultSmokeTimeout + time.Minute
 }
 
 // errNoInstance is wrapped when the server's container does not exist (yet).
@@ -488,6 +503,15 @@ type serverRecord struct {
 	ReadyAt    time.Time `json:"ready_at,omitzero"`
 	// UnreadySince is when observation first found the server not ready (zero: ready).
 	UnreadySince time.Time `json:"unready_since,omitzero"`
+	// Verification (server_verify.go): when the launch was verified (ready, settled,
+	// smoke test), the smoke test's failure when that alone failed, and why the agent
+	// stopped a launch that failed its verification.
+	VerifiedAt   time.Time      `json:"verified_at,omitzero"`
+	SmokeFailure string         `json:"smoke_failure,omitempty"`
+	Failure      *launchFailure `json:"failure,omitempty"`
+	// StoppingSince is set while an apply stops this generation (status must not call
+	// a generation being stopped ready).
+	StoppingSince time.Time `json:"stopping_since,omitzero"`
 	// Pending is a launch about to start, recorded before the process exists (no PID
 	// yet): an agent killed between the start and the record leaves it, and the next
 	// Check adopts the process its marker names instead of starting a second server.
@@ -641,6 +665,10 @@ type serverDetail struct {
 	// lastGen is the generation of a record stopped for good (server_delete.go): a new
 	// launch continues its numbering.
 	lastGen int
+	// verify: prev runs and matches, but its launch was never verified (server_verify.go).
+	verify bool
+	// stopped is set by Apply once it stopped prev's live process (server_checkfirst.go).
+	stopped bool
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -718,6 +746,9 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 	if alive {
 		if changes := s.identityChanges(&rec); len(changes) > 0 {
 			return &agent.Diff{Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
+		}
+		if !rec.verified() {
+			return s.verifyDiff(env, &rec), nil
 		}
 		return s.checkReady(ctx, env, lc, &rec)
 	}
@@ -986,7 +1017,7 @@ func (s *Server) matches(procs lifecycle.Procs, st *proc.Stat) bool {
 			return false
 		}
 	}
-	return true
+	return s.sameUser(procs, st.PID)
 }
 
 // foreignTarget stops a process the agent did not start: its group and session only
@@ -1007,6 +1038,9 @@ func describeProc(procs lifecycle.Procs, pid int) string {
 	if argv, err := procs.Cmdline(pid); err == nil && len(argv) > 0 {
 		d += " " + strconv.Quote(strings.Join(argv, " "))
 	}
+	if _, uid, err := procs.UIDs(pid); err == nil {
+		d += " (uid " + strconv.FormatUint(uint64(uid), 10) + ")"
+	}
 	return d
 }
 
@@ -1020,7 +1054,7 @@ func procStart(procs lifecycle.Procs, ticks uint64) (time.Time, error) {
 
 // Apply adopts, or stops what must stop (verified) and launches a new generation
 // (verified: alive, log grown, ready, smoke test).
-func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
+func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err error) {
 	det, ok := d.Detail.(*serverDetail)
 	if !ok {
 		return fmt.Errorf("internal error: diff detail is %T", d.Detail)
@@ -1032,6 +1066,13 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 	if err != nil {
 		return err // before anything is stopped
 	}
+	if det.verify {
+		return s.verifyRecorded(ctx, env, lc, det.prev)
+	}
+	if err := s.checkBeforeBreak(ctx, env, lc, det); err != nil {
+		return err // before anything is stopped
+	}
+	defer func() { err = det.afterBreak(err) }()
 	prevGen := det.lastGen
 	if det.prev != nil {
 		prevGen = det.prev.Generation
@@ -1049,11 +1090,20 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 		if port == 0 {
 			port = s.port
 		}
+		if det.takeover != nil {
+			// A foreign process holds the port, not the previous generation (dead, or
+			// gone from it): this stop cannot free it; the takeover's stop below does,
+			// verified, and the port is checked again before the launch.
+			port = 0
+		}
+		s.markStopping(env, det.prev, true)
 		rep, err := plc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, port)
 		if err != nil {
+			s.markStopping(env, det.prev, false)
 			return fmt.Errorf("stop generation %d (pid %d): %w", det.prev.Generation, det.prev.PID, err)
 		}
 		env.Log.Info("stopped", "generation", det.prev.Generation, "pid", det.prev.PID, "result", lifecycle.Summary(rep))
+		det.stopped = !rep.LeaderGone
 	}
 	if det.takeover != nil {
 		rep, err := lc.Stop(ctx, *det.takeover, s.stopSignal, s.stopTimeout, s.port)
@@ -1116,13 +1166,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error
 		}
 		return errors.Join(err, serr)
 	}
-	if !x.ReadyAt.IsZero() {
-		rec.ReadyAt = x.ReadyAt
-		if serr := env.State.Save(&rec); serr != nil && err == nil {
-			err = serr
-		}
-	}
-	return err
+	return s.recordVerification(env, &rec, x, err)
 }
 
 // recoverPending settles a launch recorded as pending by an agent that stopped before
@@ -1233,10 +1277,12 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 				field("last line", tail[0])
 			}
 		}
+		s.statusIncident(field, st, &rec, procs)
 		return st, nil
 	}
 	st.Metrics["up"] = 1
 	var problems []string
+	problems = append(problems, s.statusInFlight(field, &rec)...)
 	if changes := s.identityChanges(&rec); len(changes) > 0 {
 		var attrs []string
 		for _, c := range changes {
@@ -1244,7 +1290,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		}
 		problems = append(problems, "drift: restart of "+strings.Join(attrs, ", "))
 	}
-	ready := s.notReady(ctx, lc, &rec)
+	ready := "being stopped by an apply in flight"
+	if rec.StoppingSince.IsZero() {
+		ready = s.notReady(ctx, lc, &rec)
+	}
 	if ready == "" {
 		field("readiness", "ready")
 		st.Metrics["ready"] = 1
@@ -1260,7 +1309,13 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 			servingFields(field, "/metrics ", pm, nil)
 		}
 	}
-	if s.smoke != nil && ready == "" {
+	if s.smoke != nil && ready == "" && !env.Probe {
+		// The smoke test loads the server (a completion of up to max_tokens): it runs
+		// after a launch and on `agent status --smoke`, and status otherwise shows the
+		// launch's verdict.
+		problems = append(problems, s.launchSmokeVerdict(field, st.Metrics, &rec)...)
+	}
+	if s.smoke != nil && ready == "" && env.Probe {
 		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
 		switch {
 		case err != nil:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -86,5 +87,54 @@ func TestServerPreflight(t *testing.T) {
 				t.Errorf("warnings = %q, want %q with the numbers", warn, tt.wantWarn)
 			}
 		})
+	}
+}
+
+// Point 4, GPU memory: a relaunch of a running server whose new generation would not fit
+// the GPUs (even with the running one's memory freed) does not stop it, also under the
+// default preflight = "warn"; a first launch only warns.
+func TestServerRelaunchThatWouldNotFitLeavesTheServerRunning(t *testing.T) {
+	t.Parallel()
+	h := newSrvState(t)
+	models := filepath.Join(h.dir, "models")
+	os.Mkdir(models, 0o755)
+	f, err := os.Create(filepath.Join(models, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(52 << 30) // sparse: its size is what counts
+	f.Close()
+	port := srvFreePort(t)
+	src := `variable "mem" {}
+server "qwen" {
+  command = ["` + fakeSGLang(t) + `"]
+  flags = {
+    "model-path"          = "` + models + `"
+    "tp-size"             = 2
+    "mem-fraction-static" = var.mem
+    "port"                = ` + strconv.Itoa(port) + `
+  }
+  env     = { CUDA_VISIBLE_DEVICES = "0,1", FAKE_SGLANG_DECODE_INTERVAL = "0" }
+  ready {
+    http    = "/health"
+    timeout = "15s"
+    settle  = "0s"
+  }
+  stop { timeout = "1s" }
+  log_dir = "` + h.dir + `/logs"
+}
+`
+	apply := func(info gpu.Info, mem string) *agent.Step {
+		kinds := KindsFor(Host{GPU: staticGPU{info}})
+		return testEngine(t, h.dir, src, kinds, h.store, agent.Options{}, "mem="+mem).Apply(context.Background(), nil).Steps[0]
+	}
+	mustOK(t, apply(twoA6000(47<<30, 47<<30), "0.85"))
+	first := h.record()
+	st := apply(twoA6000(20<<30, 47<<30), "0.8")
+	if st.Err == nil || !strings.Contains(st.Err.Error(), "not stopping generation 1") || !strings.Contains(st.Err.Error(), "would not fit the GPUs") {
+		t.Fatalf("apply: %v", st.Err)
+	}
+	if r := h.record(); r.id() != first.id() || !alive(first.id()) {
+		t.Fatalf("the running server was stopped for a launch that would not fit: %+v", r)
 	}
 }

@@ -44,6 +44,8 @@ variable "penalty" {
 }
 variable "takeover" { default = false }
 variable "ready_timeout" { default = "15s" }
+variable "settle" { default = "1s" }
+variable "stop_timeout" { default = "1s" }
 variable "grace" { default = "5m" }
 
 server "qwen" {
@@ -63,9 +65,10 @@ server "qwen" {
     http     = "/health"
     log_line = "The server is fired up and ready to roll!"
     timeout  = var.ready_timeout
+    settle   = var.settle
   }
   stop {
-    timeout = "1s"
+    timeout = var.stop_timeout
   }
   unhealthy_grace = var.grace
   smoke_test {
@@ -148,6 +151,13 @@ func (h *srvHarness) apply(vars ...string) *agent.Step {
 func (h *srvHarness) status(vars ...string) *agent.Step {
 	h.t.Helper()
 	return h.engine(vars...).Status(context.Background()).Steps[0]
+}
+
+// probe is `agent status --smoke`: status with the smoke test run now.
+func (h *srvHarness) probe(vars ...string) *agent.Step {
+	h.t.Helper()
+	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
+	return testEngine(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, agent.Options{Probe: true}, vars...).Status(context.Background()).Steps[0]
 }
 
 // mustLeaveAlone checks that a healthy server matching the plan (generation 1, first) is
@@ -252,7 +262,7 @@ func TestServerLoopingOutputDegradedNotKilled(t *testing.T) {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
 	mustOK(t, h.apply("faults=loop", "penalty=0"))
-	st := h.status("faults=loop", "penalty=0")
+	st := h.probe("faults=loop", "penalty=0")
 	mustOK(t, st)
 	if st.Status.Healthy || !strings.Contains(st.Status.Summary, "smoke test failed") ||
 		!strings.Contains(fieldOf(st.Status, "smoke output"), "The user is asking for the result of 2+2.") {
@@ -647,6 +657,7 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 	marker := "AGENT_SERVER=server.qwen#2@42"
 	intent := first
 	intent.Generation, intent.Marker, intent.PID, intent.StartTicks = 2, marker, 0, 0
+	intent.ReadyAt, intent.VerifiedAt = time.Time{}, time.Time{}
 	intent.LogPath = lifecycle.LogFile{Dir: h.logs(), Name: "qwen", Generation: 2}.Path()
 	held := first
 	held.Pending = &intent
@@ -664,16 +675,21 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
-		t.Fatalf("plan after the crash: %v %+v, want the launch adopted and no change", st.Err, st.Diff)
+	// Adopted as that generation, but never verified by an agent: the plan says so, and
+	// apply verifies it in place (issue 13, 3).
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.Update || st.Diff.Changes[0].Attr != "verification" {
+		t.Fatalf("plan after the crash: %v %+v, want the launch adopted and verified", st.Err, st.Diff)
 	}
 	r := h.record()
 	if r.id() != x.ID || r.Generation != 2 || r.Marker != marker || r.Pending != nil {
 		t.Errorf("record %+v, want generation 2 at pid %d with its marker and no intent", r, x.ID.PID)
 	}
 	mustOK(t, h.apply())
-	if r := h.record(); r.id() != x.ID || !alive(x.ID) {
-		t.Errorf("apply touched the adopted launch: %+v", r)
+	if r := h.record(); r.id() != x.ID || !alive(x.ID) || r.VerifiedAt.IsZero() {
+		t.Errorf("apply touched the adopted launch, or did not verify it: %+v", r)
+	}
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan after the verification: %v %+v", st.Err, st.Diff)
 	}
 
 	// An intent whose process never started is dropped: the server is launched anew.

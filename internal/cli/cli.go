@@ -60,6 +60,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --host-override NAME run a plan guarded for host NAME on this host (migrations)
   --no-destructive     refuse restarts, replacements and deletions (apply)
   --allow-delete-all   let an apply delete every server the agent manages when the plan keeps none
+  --smoke              run each server's smoke test now (status; a real completion on the server)
   --log-level LEVEL    debug, info, warn (default), error; logs go to stderr
 
 Docs: docs/plan-language.md, docs/architecture.md.
@@ -112,6 +113,7 @@ type options struct {
 	noDestructive bool
 	logLevel      string
 	allowDelAll   bool
+	smoke         bool
 }
 
 // parseInterleaved parses flags that may come before or after positional arguments, as
@@ -149,6 +151,9 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
 	fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
+	if cmd == "status" {
+		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
+	}
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	return fs
 }
@@ -231,6 +236,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		// only with agent { prune = true }).
 		Orphans:        agent.OrphansDelete,
 		AllowDeleteAll: o.allowDelAll,
+		Probe:          o.smoke,
 	})
 	if err != nil {
 		return fail(err)
@@ -277,8 +283,11 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	case "destroy":
 		return destroy(ctx, eng, p, red, view, o.json, stdout)
 	case "status":
-		if code, ok := statusFromDaemon(p, store.Dir(), o.json, stdout, red); ok {
-			return code
+		// --smoke probes now, here: the daemon's status is its last cheap observation.
+		if !o.smoke {
+			if code, ok := statusFromDaemon(p, store.Dir(), o.json, stdout, red); ok {
+				return code
+			}
 		}
 		rep := eng.Status(ctx)
 		if o.json {

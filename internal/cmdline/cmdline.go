@@ -58,11 +58,19 @@ func Render(command []string, flags map[string]any) ([]string, error) {
 // Number writes a number as it goes on a command line: an integer without a point or
 // an exponent ("2", "30000"), anything else as the shortest decimal that reads back
 // to the same float64 ("0.85", not "8.5e-01").
+//
+// An integer is written in full only below 1e21, where the plan's number is exact: past
+// it, the digits of a binary approximation are not what the plan said (1e300 would be
+// written as 301 digits ending in noise), so it is written as the shortest float that
+// reads back to the same value ("1e+300"), which is what a Python float flag parses.
 func Number(f *big.Float) string {
-	if f.IsInt() {
+	if f.IsInt() && new(big.Float).Abs(f).Cmp(big.NewFloat(1e21)) < 0 {
 		i, _ := f.Int(nil)
 		return i.String()
 	}
 	x, _ := f.Float64()
+	if f.IsInt() {
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	}
 	return strconv.FormatFloat(x, 'f', -1, 64)
 }

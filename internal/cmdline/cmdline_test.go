@@ -42,6 +42,8 @@ func TestNumber(t *testing.T) {
 	for in, want := range map[string]string{
 		"2": "2", "30000": "30000", "-1": "-1", "0.85": "0.85", "0.8": "0.8", "1e3": "1000",
 		"12345678901234567890": "12345678901234567890", "1.5e-3": "0.0015",
+		// Past 1e21 the plan's integer is no longer exact: the shortest float (issue 13, 9).
+		"1e300": "1e+300", "-1e30": "-1e+30", "999999999999999999999": "999999999999999999999",
 	} {
 		f, _, err := big.ParseFloat(in, 10, 512, big.ToNearestEven)
 		if err != nil {

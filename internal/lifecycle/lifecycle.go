@@ -55,8 +55,11 @@ type Ready struct {
 	HTTP string
 	// LogLine must appear in this generation's log.
 	LogLine string
-	// Timeout bounds a launch's wait for readiness.
+	// Timeout bounds a launch's wait for readiness, counted from the launch.
 	Timeout time.Duration
+	// Settle is how long the server must then stay alive and ready before its launch
+	// counts as verified (0: no settle period).
+	Settle time.Duration
 }
 
 // LaunchOptions say what to launch and how to verify it.
@@ -86,6 +89,8 @@ type Launched struct {
 	LaunchedAt time.Time
 	// ReadyAt is when readiness passed (zero when it did not).
 	ReadyAt time.Time
+	// VerifiedAt is when the whole verification passed: ready, settled, smoke test.
+	VerifiedAt time.Time
 	// Smoke is the smoke test's verdict (nil when there was none).
 	Smoke *SmokeResult
 }
@@ -170,26 +175,44 @@ func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, err
 	if err != nil {
 		return x, err
 	}
+	return x, l.Verify(ctx, x, o)
+}
+
+// Verify verifies a launch: ready before o.Ready.Timeout after x.LaunchedAt, then
+// alive and ready for o.Ready.Settle, then the smoke test. Launch calls it right after
+// the start; the server resource calls it for a launch an earlier agent recorded but
+// never saw verified (it was killed during the wait). A process that exits, is not
+// ready in time or does not settle is stopped (verified) and reported with its log as a
+// *LaunchError; a failed smoke test is a *SmokeError and the server keeps running.
+// x.ReadyAt and x.VerifiedAt say how far it got.
+func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) error {
 	if reason := l.waitReady(ctx, x, o); reason != "" {
 		if ctx.Err() != nil {
 			// The agent is being stopped or the step ran out of time: leave the
 			// process alone (it is recorded), the next run judges it afresh.
-			return x, fmt.Errorf("launch of generation %d: %s: %w", o.Generation, reason, ctx.Err())
+			return fmt.Errorf("launch of generation %d: %s: %w", o.Generation, reason, ctx.Err())
 		}
-		return x, l.failed(x, o, reason)
+		return l.failed(x, o, reason)
 	}
 	x.ReadyAt = time.Now()
+	if reason := l.settle(ctx, x, o); reason != "" {
+		if ctx.Err() != nil {
+			return fmt.Errorf("launch of generation %d: %s: %w", o.Generation, reason, ctx.Err())
+		}
+		return l.failed(x, o, reason)
+	}
 	if o.Smoke != nil {
 		r, err := RunSmoke(ctx, l.client(), l.Runner.Endpoint(o.Port), *o.Smoke)
 		if err != nil {
-			return x, fmt.Errorf("generation %d is ready but its smoke test got no answer: %w (the server was left running)", o.Generation, err)
+			return fmt.Errorf("generation %d is ready but its smoke test got no answer: %w (the server was left running)", o.Generation, err)
 		}
 		x.Smoke = &r
 		if !r.OK {
-			return x, &SmokeError{Generation: o.Generation, Result: r}
+			return &SmokeError{Generation: o.Generation, Result: r}
 		}
 	}
-	return x, nil
+	x.VerifiedAt = time.Now()
+	return nil
 }
 
 // HostPath is where the agent reads path, a file of the runner's place; path itself
@@ -211,7 +234,8 @@ func linkCheck(dir, name string) error {
 
 // waitReady waits for the launch to be ready; it returns "" when it is, else why not.
 func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions) string {
-	deadline := time.NewTimer(o.Ready.Timeout)
+	// Counted from the launch: a launch verified by a later agent has only what is left.
+	deadline := time.NewTimer(max(time.Until(x.LaunchedAt.Add(o.Ready.Timeout)), time.Millisecond))
 	defer deadline.Stop()
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/trust"
 )
 
 // Spec is what to run: the exact identity of a server.
@@ -96,6 +97,7 @@ type Procs interface {
 	Cmdline(pid int) ([]string, error)
 	Environ(pid int) ([]string, error)
 	Cwd(pid int) (string, error)
+	UIDs(pid int) (real, effective uint32, err error)
 	BootTime() (time.Time, error)
 	PortOwners(port int) ([]int, error)
 	PortFree(ctx context.Context, port int, wait time.Duration) error
@@ -168,6 +170,11 @@ func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) 
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	// The log directory and those above it must be root's (internal/trust): another
+	// user who could write there could plant the generation's file or the current link.
+	if err := trust.Dir(log.Dir); err != nil {
+		return nil, fmt.Errorf("log dir: %w", err)
 	}
 	if err := os.MkdirAll(log.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("log dir: %w", err)

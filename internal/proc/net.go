@@ -178,27 +178,62 @@ func (fs FS) PortFreeIn(ctx context.Context, netPID, port int, wait time.Duratio
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	tick := time.NewTicker(pollInterval)
-	defer tick.Stop()
+	// Cheap polls: only the listening table (and a bind) each time, at an interval
+	// that grows to portPollMax; who holds the port (a walk of every process's
+	// descriptors) is read once, for the error. A takeover or a stop can wait here for
+	// seconds, and a walk every 25 ms cost seconds of system CPU.
+	interval := pollInterval
 	for {
-		held, err := fs.portHeld(netPID, port)
+		busy, err := fs.portBusy(netPID, port)
 		if errors.Is(err, ErrNoProcess) && netPID > 0 {
 			return nil // its namespace is gone, and every socket in it
 		}
-		if err == nil && held == "" {
+		if err == nil && !busy {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
+			held, _ := fs.portHeld(netPID, port)
 			return fmt.Errorf("port %d: %w: %s: %w", port, ErrPortHeld, held, ctx.Err())
 		case <-timer.C:
 			if err != nil {
 				return fmt.Errorf("port %d: %w", port, err)
 			}
+			held, herr := fs.portHeld(netPID, port)
+			if herr == nil && held == "" {
+				return nil // freed as the wait ended
+			}
 			return fmt.Errorf("port %d: %w after %s: %s", port, ErrPortHeld, wait, held)
-		case <-tick.C:
+		case <-time.After(interval):
+			interval = min(interval*2, portPollMax)
 		}
 	}
+}
+
+// portPollMax bounds the interval of PortFree's polls.
+const portPollMax = 200 * time.Millisecond
+
+// portBusy reports whether port is held, cheaply: a listener in net/tcp{,6}, or (in this
+// process's own namespace) a failing bind of 127.0.0.1:port.
+func (fs FS) portBusy(netPID, port int) (bool, error) {
+	inodes, err := fs.ListeningInodesIn(netPID, port)
+	if err != nil {
+		return false, err
+	}
+	if len(inodes) > 0 {
+		return true, nil
+	}
+	if netPID > 0 {
+		return false, nil
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return true, nil
+	}
+	if err := l.Close(); err != nil {
+		return false, fmt.Errorf("close probe listener: %w", err)
+	}
+	return false, nil
 }
 
 // portHeld returns "" when port is free, else who holds it, for the error.

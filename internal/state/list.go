@@ -76,7 +76,7 @@ const depsFile = "deps.json"
 // LoadDeps reads the recorded dependencies; none is an empty map.
 func (s *Store) LoadDeps() (map[string][]string, error) {
 	m := map[string][]string{}
-	data, err := os.ReadFile(filepath.Join(s.dir, depsFile))
+	data, err := readTrusted(filepath.Join(s.dir, depsFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return m, nil
 	}

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agent-dev/agent/internal/trust"
 )
 
 // Holder says who holds the lock; it is written into the lock file so that a waiting
@@ -51,7 +54,10 @@ func (s *Store) Acquire(ctx context.Context, timeout time.Duration, command stri
 	path := filepath.Join(s.dir, "lock")
 	// O_CLOEXEC (Go's default) matters: processes the agent launches must not inherit
 	// the lock, or a long-lived server would hold it forever.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	// trust.OpenFile: O_NOFOLLOW, and a regular file of ours with one link, because
+	// the holder is written into it: a planted symlink or hard link must never make the
+	// agent truncate another file.
+	f, err := trust.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock: %w", err)
 	}
@@ -100,7 +106,12 @@ func (l *Lock) Release() error {
 
 func readHolder(path string) Holder {
 	var h Holder
-	data, err := os.ReadFile(path)
+	f, err := trust.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return h
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 4096))
+	f.Close()
 	if err != nil {
 		return h
 	}

@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 
 	"github.com/agent-dev/agent/internal/atomicfile"
+	"github.com/agent-dev/agent/internal/trust"
 )
 
 // DefaultDir is where state lives unless --state-dir or the plan's agent block says otherwise.
@@ -20,8 +22,12 @@ type Store struct {
 }
 
 // Open opens (creating it with mode 0700 when missing) the state directory dir.
-// An existing directory readable by others is tightened to 0700: it holds PIDs, log paths
-// and download manifests that are nobody else's business.
+// The directory and every one above it must pass internal/trust (owned by root or the
+// agent's user, not writable by group or others): its records name processes the agent
+// will signal, so a directory another user could write is refused with the fix, never
+// tightened and then trusted. An existing directory merely readable by others is
+// tightened to 0700: it holds PIDs, log paths and download manifests that are nobody
+// else's business.
 func Open(dir string) (*Store, error) {
 	if dir == "" {
 		dir = DefaultDir
@@ -30,16 +36,26 @@ func Open(dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", dir, err)
 	}
+	if err := trust.Dir(abs); err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", abs, err)
+	}
 	if err := os.MkdirAll(filepath.Join(abs, "resources"), 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w (choose another with --state-dir)", err)
 	}
 	for _, d := range []string{abs, filepath.Join(abs, "resources")} {
-		st, err := os.Stat(d)
+		st, err := os.Lstat(d)
 		if err != nil {
 			return nil, fmt.Errorf("state dir: %w", err)
 		}
-		if !st.IsDir() {
-			return nil, fmt.Errorf("state dir %s is not a directory", d)
+		if d != abs && st.Mode().Type()&os.ModeSymlink != 0 {
+			return nil, fmt.Errorf("state dir: %w", &trust.Error{Path: d, Problem: "is a symlink, which the agent never follows there",
+				Fix: "check where it points, then rm " + d + " (the agent recreates it)"})
+		}
+		if err := trust.Dir(d); err != nil {
+			return nil, fmt.Errorf("state dir: %w", err)
+		}
+		if st, err = os.Stat(d); err != nil {
+			return nil, fmt.Errorf("state dir: %w", err)
 		}
 		if st.Mode().Perm() != 0o700 {
 			if err := os.Chmod(d, 0o700); err != nil {
@@ -52,6 +68,21 @@ func Open(dir string) (*Store, error) {
 
 // Dir is the absolute path of the state directory.
 func (s *Store) Dir() string { return s.dir }
+
+// maxRecord bounds what Load reads: a record is a few kilobytes.
+const maxRecord = 16 << 20
+
+// readTrusted reads a file of the state directory: never through a symlink, and only a
+// file root (or the agent) wrote and nobody else can write (trust.OpenFile), since a
+// record names processes the agent may signal.
+func readTrusted(p string) ([]byte, error) {
+	f, err := trust.OpenFile(p, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxRecord))
+}
 
 var addrRE = regexp.MustCompile(`^[a-z][a-z0-9_]*\.[A-Za-z0-9_-]+$`)
 
@@ -69,7 +100,7 @@ func (s *Store) Load(addr string, v any) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	data, err := os.ReadFile(p)
+	data, err := readTrusted(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
