@@ -95,7 +95,7 @@ func TestChaosRun(t *testing.T) {
 		twoAlive string
 	)
 	sample := func() {
-		procs := serverProcs(host)
+		procs := serverProcs(work)
 		seenMu.Lock()
 		defer seenMu.Unlock()
 		live := 0
@@ -138,7 +138,7 @@ func TestChaosRun(t *testing.T) {
 			close(stopSampler)
 		}
 		<-samplerDone
-		testbin.KillServers(host)
+		testbin.KillServers(work)
 	})
 
 	args := func(cmd string, extra ...string) []string {
@@ -280,7 +280,7 @@ func TestChaosRun(t *testing.T) {
 	until := time.Now().Add(5 * time.Second)
 	for {
 		alive = map[int]string{}
-		for pid, m := range serverProcs(host) {
+		for pid, m := range serverProcs(work) {
 			if !isZombie(pid) {
 				alive[pid] = m
 			}
