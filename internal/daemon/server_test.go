@@ -184,6 +184,7 @@ variable "fake" {}
 variable "root" {}
 variable "port" { type = number }
 variable "faults" { default = "" }
+variable "settle" { default = "3s" }
 server "qwen" {
   command = [var.fake]
   flags   = { "model-path" = "${var.root}/model", "port" = var.port }
@@ -191,6 +192,7 @@ server "qwen" {
   ready {
     http    = "/health"
     timeout = "30s"
+    settle  = var.settle
   }
   stop {
     timeout = "5s"
@@ -328,15 +330,16 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	}
 }
 
-// A server that launches and verifies, then dies moments later (a scheduler crash), is a
-// crash loop too: the watch notices each death at once, the first relaunch is immediate,
+// A server that launches and verifies (ready, then alive through its 200 ms settle), then
+// dies moments later (a scheduler crash), is a crash loop too (one that dies within the
+// settle fails its launch instead: resources TestServerThatDiesAfterReadyFailsTheSettle): the watch notices each death at once, the first relaunch is immediate,
 // the next ones wait a growing backoff, and the status quotes each dead generation's log.
 func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
 	t.Cleanup(func() { testbin.KillServers(root) })
-	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=300ms"},
+	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
 	var r *agent.JSONResource
 	waitLong(t, "three deaths after a verified launch", 90*time.Second, func() bool {
