@@ -121,7 +121,11 @@ func (d *Daemon) process(addr string) {
 				d.queue.Add(dep)
 			}
 		}
-		return // queued again when the dependency converges
+		// Queued again when the dependency converges, and in any case at its resync: the
+		// loop is level-based, so a wait never hangs on one missed edge (a dependency
+		// whose verdict raced a reload was seen stuck "waiting" under the chaos test).
+		d.queue.AddAfter(addr, d.resync())
+		return
 	}
 	now := time.Now()
 	if rs.terminal {
