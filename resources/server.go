@@ -646,14 +646,6 @@ func unionKeys(a, b map[string]string) []string {
 	return keys
 }
 
-func listText(l []string) string {
-	q := make([]string, len(l))
-	for i, s := range l {
-		q[i] = strconv.Quote(s)
-	}
-	return "[" + strings.Join(q, ", ") + "]"
-}
-
 // serverDetail is what Check decided, for Apply.
 type serverDetail struct {
 	// prev is the previous record (its generation counts; its process, or what is left

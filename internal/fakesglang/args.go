@@ -102,11 +102,6 @@ func (a args) int(name string) int {
 	return n
 }
 
-func (a args) float(name string) float64 {
-	f, _ := strconv.ParseFloat(a.vals[name], 64)
-	return f
-}
-
 func (a args) put(s argSpec, v string) {
 	for _, n := range s.names {
 		if s.typ == typeBoolOpt && strings.HasPrefix(n, "--no-") {

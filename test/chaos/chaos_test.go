@@ -405,7 +405,7 @@ func TestChaos(t *testing.T) {
 	if err != nil || json.Unmarshal(b, &rec) != nil {
 		fail("server state: %v %q", err, b)
 	}
-	alive := map[int]string{}
+	var alive map[int]string
 	deadline := time.Now().Add(5 * time.Second) // zombies of killed agents are reaped by init
 	for {
 		alive = map[int]string{}

@@ -276,7 +276,7 @@ func TestChaosRun(t *testing.T) {
 	if err != nil || json.Unmarshal(b, &rec) != nil {
 		fail("server state: %v %q", err, b)
 	}
-	alive := map[int]string{}
+	var alive map[int]string
 	until := time.Now().Add(5 * time.Second)
 	for {
 		alive = map[int]string{}
