@@ -205,14 +205,19 @@ func TestChaosRun(t *testing.T) {
 			} `json:"fields"`
 		} `json:"status"`
 	}
-	var doc struct {
+	type statusDoc struct {
 		OK        bool       `json:"ok"`
 		Resources []resource `json:"resources"`
 	}
+	var doc statusDoc
 	deadline := time.Now().Add(120 * time.Second)
 	for {
 		resp, err := http.Get("http://" + listen + "/status")
 		if err == nil {
+			// A fresh document each time: decoding into the last one kept an "error" that
+			// the new answer omits (omitempty), so a resource that had waited for its
+			// dependency looked as if it still did.
+			doc = statusDoc{}
 			json.NewDecoder(resp.Body).Decode(&doc)
 			resp.Body.Close()
 			if doc.OK && len(doc.Resources) == 4 {
