@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -37,7 +38,13 @@ func TestScripts(t *testing.T) {
 			// under it: file paths must be absolute, and $WORK differs per run.
 			env.Setenv("AGENT_VAR_root", env.WorkDir+"/root")
 			env.Setenv("FAKE_SGLANG_BIN", fake)
-			return nil
+			// $PORT is a port free when the script starts, for a server of its own.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			env.Setenv("PORT", strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+			return ln.Close()
 		},
 	})
 }
