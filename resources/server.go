@@ -1244,7 +1244,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return s.absentStatus(env, has, &rec)
 	}
 	if !has {
-		return &agent.Status{Healthy: false, Summary: "not launched by this agent yet"}, nil
+		return s.unlaunchedStatus(ctx, env), nil
 	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil && !errors.Is(err, errNoEndpoint) {
