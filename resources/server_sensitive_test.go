@@ -1,7 +1,9 @@
 package resources
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -135,5 +137,95 @@ func TestSensitiveRecordDigestsOnlyTheSecrets(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("changes (-want +got):\n%s", diff)
+	}
+}
+
+// liveSensitivePlan is a server on the fake with a secret among its env variables and
+// one among its flags (the fake accepts --api-key).
+const liveSensitivePlan = `
+variable "fake" {}
+variable "logs" {}
+variable "port" { type = number }
+variable "tok" {
+  default   = "hf_secret_one"
+  sensitive = true
+}
+variable "key" {
+  default   = "sk-api-key-one"
+  sensitive = true
+}
+server "qwen" {
+  command = [var.fake]
+  flags = {
+    "model-path" = "Qwen/Qwen3-8B"
+    "port"       = var.port
+    "api-key"    = var.key
+  }
+  env  = { HF_TOKEN = var.tok, FAKE_SGLANG = "crash-after=2m", FAKE_SGLANG_DECODE_INTERVAL = "1h" }
+  port = var.port
+  ready {
+    http    = "/health"
+    timeout = "15s"
+  }
+  stop {
+    timeout = "1s"
+  }
+  log_dir = var.logs
+}
+`
+
+// The same on a running server: its record rewritten as the previous agent wrote it
+// (every env and flag value a digest, as in testdata/records) is a no-op for plan and
+// apply (same PID, same generation); a rotated token then relaunches it once, the
+// restart naming env["HF_TOKEN"] alone.
+func TestSensitiveLegacyRecordOfARunningServerIsNoOp(t *testing.T) {
+	t.Parallel()
+	h := newSrvHarness(t)
+	engine := func(vars ...string) *agent.Engine {
+		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + h.logs(), "port=" + fmt.Sprint(h.port)}, vars...)
+		return testEngine(t, h.dir, liveSensitivePlan, KindsFor(Host{}), h.store, agent.Options{}, vars...)
+	}
+	mustOK(t, engine().Apply(context.Background(), nil).Steps[0])
+	first := h.record()
+
+	legacy := first
+	legacy.Env, legacy.Flags = map[string]string{}, map[string]string{}
+	for k, v := range first.Env {
+		if !isDigest(v) {
+			v = secretDigest(v)
+		}
+		legacy.Env[k] = v
+	}
+	for k, v := range first.Flags {
+		if !isDigest(v) {
+			v = secretDigest(v)
+		}
+		legacy.Flags[k] = v
+	}
+	if len(first.Argv) != 1 || !isDigest(first.Argv[0]) {
+		t.Fatalf("argv with a secret flag recorded as %q, want one digest (as before)", first.Argv)
+	}
+	if err := h.store.Save("server.qwen", &legacy); err != nil {
+		t.Fatal(err)
+	}
+
+	if st := engine().Plan(context.Background()).Steps[0]; st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan over the previous agent's record: %v %+v (an upgrade would relaunch every server)", st.Err, st.Diff)
+	}
+	mustOK(t, engine().Apply(context.Background(), nil).Steps[0])
+	if r := h.record(); r.id() != first.id() || r.Generation != 1 || !alive(first.id()) {
+		t.Fatalf("the server was touched: %+v", r)
+	}
+
+	st := engine("tok=hf_secret_two").Plan(context.Background()).Steps[0]
+	if st.Err != nil || st.Diff.Action != agent.Restart || len(st.Diff.Changes) != 1 {
+		t.Fatalf("rotated token: %v %+v, want one restart change", st.Err, st.Diff)
+	}
+	if c := st.Diff.Changes[0]; c.Attr != `env["HF_TOKEN"]` || !c.Sensitive || c.Reason != agent.ReasonIdentity {
+		t.Errorf("rotated token: %+v, want env[\"HF_TOKEN\"], sensitive, reason identity", c)
+	}
+	mustOK(t, engine("tok=hf_secret_two").Apply(context.Background(), nil).Steps[0])
+	if r := h.record(); r.Generation != 2 || alive(first.id()) || !alive(r.id()) {
+		t.Errorf("after the rotation: record %+v, first alive %v", r, alive(first.id()))
 	}
 }
