@@ -156,11 +156,12 @@ func changeLine(c Change) string {
 		sym = "-"
 	}
 	old, new := Render(c.Old), Render(c.New)
-	if c.Sensitive {
-		old, new = "(sensitive)", "(sensitive)"
-	}
 	var val string
 	switch {
+	case c.Sensitive:
+		// One word for both sides: "(sensitive) → (sensitive)" says nothing more, and
+		// the symbol already says whether it is added, changed or removed.
+		val = "(sensitive)"
 	case c.HasOld && c.HasNew:
 		val = old + " → " + new
 	case c.HasNew:

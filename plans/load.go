@@ -684,6 +684,9 @@ func (l *loader) decodeResource(rb *resourceBlock) {
 }
 
 // markSensitive records the attribute paths whose value derives from a sensitive variable.
+// A map or object whose own value is not marked but some of whose elements are (env =
+// { HF_TOKEN = var.token, CUDA_VISIBLE_DEVICES = "0,1" }) records those elements alone,
+// as KeyPath(attr, key): a secret in one variable must not hide every other one.
 func markSensitive(body hcl.Body, ctx *hcl.EvalContext, prefix string, out map[string]bool) {
 	b, ok := body.(*hclsyntax.Body)
 	if !ok {
@@ -694,13 +697,42 @@ func markSensitive(body hcl.Body, ctx *hcl.EvalContext, prefix string, out map[s
 			continue // meta, not configuration (see resourceValue)
 		}
 		v, diags := a.Expr.Value(ctx)
-		if !diags.HasErrors() && v.ContainsMarked() {
-			out[prefix+n] = true
+		if diags.HasErrors() || !v.ContainsMarked() {
+			continue
 		}
+		if keys, ok := markedKeys(v); ok {
+			for _, k := range keys {
+				out[KeyPath(prefix+n, k)] = true
+			}
+			continue
+		}
+		out[prefix+n] = true
 	}
 	for _, blk := range b.Blocks {
 		markSensitive(blk.Body, ctx, prefix+blk.Type+".", out)
 	}
+}
+
+// markedKeys returns the keys of the elements of a map or object value that carry a mark,
+// when the value itself carries none; ok is false for any other value (the whole value is
+// then sensitive).
+func markedKeys(v cty.Value) (keys []string, ok bool) {
+	if v.IsMarked() || !v.IsKnown() || v.IsNull() {
+		return nil, false
+	}
+	if t := v.Type(); !t.IsMapType() && !t.IsObjectType() {
+		return nil, false
+	}
+	for it := v.ElementIterator(); it.Next(); {
+		k, ev := it.Element()
+		if k.IsMarked() {
+			return nil, false
+		}
+		if ev.ContainsMarked() {
+			keys = append(keys, k.AsString())
+		}
+	}
+	return keys, true
 }
 
 // resourceValue is what a reference to the resource evaluates to: its attributes as

@@ -228,6 +228,62 @@ file "token" {
 	}
 }
 
+// A secret in one element of a map marks that element alone; a map that is a secret as a
+// whole, or whose key is one, stays sensitive as a whole.
+func TestSensitivePerKey(t *testing.T) {
+	t.Parallel()
+	src := `
+variable "token" {
+  sensitive = true
+  default   = "hf_s3cr3t_token"
+}
+variable "secret_env" {
+  sensitive = true
+  default   = { A = "1" }
+}
+variable "secret_key" {
+  sensitive = true
+  default   = "K"
+}
+server "per_key" {
+  command = ["/bin/true", "${var.token}"]
+  flags   = { api-key = var.token, port = 30000, nested = { x = var.token } }
+  env     = { HF_TOKEN = "Bearer ${var.token}", CUDA_VISIBLE_DEVICES = "0,1" }
+}
+server "whole" {
+  command = ["/bin/true"]
+  flags   = var.secret_env
+}
+server "key" {
+  command = ["/bin/true"]
+  env     = { (var.secret_key) = "v" }
+}
+`
+	p, diags := load(t, src, Options{})
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	got := map[string]map[string]bool{}
+	for _, a := range []string{"server.per_key", "server.whole", "server.key"} {
+		got[a] = p.Resource(a).Sensitive
+	}
+	want := map[string]map[string]bool{
+		"server.per_key": {"command": true, `flags["api-key"]`: true, `flags["nested"]`: true, `env["HF_TOKEN"]`: true},
+		"server.whole":   {"flags": true},
+		"server.key":     {"env": true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Sensitive (-want +got):\n%s", diff)
+	}
+	r := p.Resource("server.per_key")
+	if !r.SensitiveKey("env", "HF_TOKEN") || r.SensitiveKey("env", "CUDA_VISIBLE_DEVICES") || r.SensitiveKey("flags", "port") || !r.SensitiveAny("env") || r.SensitiveAny("container") {
+		t.Errorf("SensitiveKey/SensitiveAny disagree with %v", r.Sensitive)
+	}
+	if w := p.Resource("server.whole"); !w.SensitiveKey("flags", "A") || !w.SensitiveKey("flags", "anything") {
+		t.Errorf("a sensitive map must make every key sensitive: %v", w.Sensitive)
+	}
+}
+
 // TestErrors loads one broken plan per kind of error and checks the summary and the
 // position every diagnostic points at.
 func TestErrors(t *testing.T) {

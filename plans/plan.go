@@ -1,7 +1,9 @@
 package plans
 
 import (
+	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -86,11 +88,39 @@ type Resource struct {
 	// DeclRange is the range of the block header ("server \"qwen\"").
 	DeclRange hcl.Range
 	// Sensitive holds the attribute paths ("content", "installer.url") whose value
-	// derives from a sensitive variable; they are never printed.
+	// derives from a sensitive variable; they are never printed. In a map, only the
+	// elements that derive from one are sensitive (`env["HF_TOKEN"]`, see KeyPath and
+	// SensitiveKey) unless the whole map does (env = var.secret_env).
 	Sensitive map[string]bool
 	// Value is the resource as other blocks see it through references: its top-level
 	// attributes, plus name = the label unless the body sets one.
 	Value cty.Value
+}
+
+// KeyPath is the path of one element of a map attribute, as diffs name it:
+// KeyPath("env", "HF_TOKEN") is `env["HF_TOKEN"]`.
+func KeyPath(attr, key string) string { return fmt.Sprintf("%s[%q]", attr, key) }
+
+// SensitiveKey reports whether the element key of the map attribute attr derives from a
+// sensitive variable: the element itself, or the whole map.
+func (r *Resource) SensitiveKey(attr, key string) bool {
+	return r.Sensitive[attr] || r.Sensitive[KeyPath(attr, key)]
+}
+
+// SensitiveAny reports whether any part of attr derives from a sensitive variable: the
+// whole attribute or one of its elements (a rendered command line that holds a secret
+// flag is sensitive as a whole).
+func (r *Resource) SensitiveAny(attr string) bool {
+	if r.Sensitive[attr] {
+		return true
+	}
+	prefix := attr + "["
+	for p := range r.Sensitive {
+		if strings.HasPrefix(p, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // Dir is the directory of the file that declares the resource.

@@ -114,6 +114,7 @@ type Container struct {
 	installer    *ContainerInstallerConfig
 	running      bool
 	stopTimeout  time.Duration
+	secretConf   func(key string) bool // config[key] derives from a sensitive variable: never shown
 
 	host    Host
 	mu      sync.Mutex
@@ -126,6 +127,12 @@ var (
 	_ agent.Resource = (*Container)(nil)
 	_ agent.Statuser = (*Container)(nil)
 )
+
+// sensitiveConfig reports whether the plan's config[key] derives from a sensitive
+// variable (never, for a container built from its record alone).
+func (k *Container) sensitiveConfig(key string) bool {
+	return k.secretConf != nil && k.secretConf(key)
+}
 
 // ContainerKind is the `container` resource kind, acting on h.
 func ContainerKind(h Host) agent.Kind {
@@ -174,7 +181,7 @@ func bindContainer(r *plans.Resource, c *ContainerConfig) (*Container, hcl.Diagn
 	}
 	k := &Container{
 		addr: r.Addr, name: r.Name, image: c.Image, itype: "container",
-		profiles: []string{"default"}, config: map[string]string{},
+		profiles: []string{"default"}, config: map[string]string{}, secretConf: func(key string) bool { return r.SensitiveKey("config", key) },
 		devices: map[string]map[string]string{}, deviceKind: map[string]string{},
 		description: c.Description, target: deref(c.Target), userspace: deref(c.NvidiaUserspace),
 		running: true, stopTimeout: 30 * time.Second, clients: map[string]*incus.Client{},
@@ -560,6 +567,7 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 		if ok {
 			ch = agent.Set(fmt.Sprintf("config[%q]", key), have, want)
 		}
+		ch.Sensitive = k.sensitiveConfig(key)
 		if needsRestart(key) {
 			ch.Note = "restart"
 			restart = true
@@ -730,7 +738,9 @@ func (k *Container) createDiff(ctx context.Context, c *incus.Client) (*agent.Dif
 		d.Add(agent.Added("target", k.target))
 	}
 	for _, key := range containerKeys(k.config) {
-		d.Add(agent.Added(fmt.Sprintf("config[%q]", key), k.config[key]))
+		ch := agent.Added(fmt.Sprintf("config[%q]", key), k.config[key])
+		ch.Sensitive = k.sensitiveConfig(key)
+		d.Add(ch)
 	}
 	for _, name := range containerKeys(k.devices) {
 		d.Add(agent.Change{Attr: fmt.Sprintf("%s[%q]", k.deviceKind[name], name), New: incusDevice(k.devices[name]), HasNew: true})

@@ -16,6 +16,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/google/go-cmp/cmp"
 )
 
 // incusd is this test binary's private Incus daemon, started by the first container
@@ -638,6 +639,60 @@ func TestContainerTimeout(t *testing.T) {
 		}
 		if got := res["container.c"].(*Container).Timeout(); got != want {
 			t.Errorf("%s: Timeout = %v, want %v", body, got, want)
+		}
+	}
+}
+
+// A secret in one config key hides that key's value alone: the others' values are
+// shown as they change.
+func TestContainerConfigSecretPerKey(t *testing.T) {
+	t.Parallel()
+	h := newCtrHarness(t)
+	engine := func(secret, plain string) *agent.Engine {
+		src := fmt.Sprintf(`
+variable "incus_socket" {}
+variable "secret" {
+  default   = %q
+  sensitive = true
+}
+agent { incus_socket = var.incus_socket }
+container "c" {
+  name         = %q
+  image        = "busybox"
+  stop_timeout = "10s"
+  config       = { "user.secret" = var.secret, "user.plain" = %q }
+}
+`, secret, h.name, plain)
+		return testEngine(t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
+	}
+	sensitivity := func(d *agent.Diff) map[string]bool {
+		out := map[string]bool{}
+		for _, c := range d.Changes {
+			if strings.HasPrefix(c.Attr, "config[") {
+				out[c.Attr] = c.Sensitive
+			}
+		}
+		return out
+	}
+	want := map[string]bool{`config["user.secret"]`: true, `config["user.plain"]`: false}
+
+	e := engine("s3cret-one", "a")
+	if d := e.Plan(context.Background()).Steps[0].Diff; !cmp.Equal(sensitivity(d), want) {
+		t.Errorf("create: sensitive config changes %v, want %v", sensitivity(d), want)
+	}
+	if st := e.Apply(context.Background(), nil).Steps[0]; st.Err != nil {
+		t.Fatalf("apply: %v\n%s", st.Err, h.d.LogTail(15))
+	}
+	st := engine("s3cret-two", "b").Plan(context.Background()).Steps[0]
+	if st.Err != nil {
+		t.Fatal(st.Err)
+	}
+	if got := sensitivity(st.Diff); !cmp.Equal(got, want) {
+		t.Errorf("update: sensitive config changes %v, want %v", got, want)
+	}
+	for _, c := range st.Diff.Changes {
+		if c.Attr == `config["user.plain"]` && (c.Old != "a" || c.New != "b") {
+			t.Errorf("the plain key's change is %v → %v, want a → b", c.Old, c.New)
 		}
 	}
 }

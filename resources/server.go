@@ -118,10 +118,11 @@ type Server struct {
 	keepLogs       int
 	grace          time.Duration
 	enableMetrics  bool
-	preflightMode  string // "warn", "enforce" or "off": does the model fit the GPUs? (preflight.go)
-	envSensitive   bool
-	flagsSensitive bool
-	deletion       // ensure = "absent", agent destroy, an orphan: server_delete.go
+	preflightMode  string                // "warn", "enforce" or "off": does the model fit the GPUs? (preflight.go)
+	envSensitive   func(key string) bool // env[key] derives from a sensitive variable (plans.Resource.SensitiveKey)
+	flagsSensitive func(key string) bool // flags[key] does
+	argvSensitive  bool                  // some flag does: the rendered command line holds a secret
+	deletion                             // ensure = "absent", agent destroy, an orphan: server_delete.go
 }
 
 var (
@@ -163,7 +164,9 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
 		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout, Settle: DefaultSettle},
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout,
-		envSensitive: r.Sensitive["env"], flagsSensitive: r.Sensitive["flags"],
+		envSensitive:   func(k string) bool { return r.SensitiveKey("env", k) },
+		flagsSensitive: func(k string) bool { return r.SensitiveKey("flags", k) },
+		argvSensitive:  r.SensitiveAny("flags"),
 	}
 	s.place = lifecycle.Host{}.Place()
 	if c.Container != nil {
@@ -555,19 +558,34 @@ func (s *Server) record() serverRecord {
 		StopSignal: int(s.stopSignal), StopTimeout: s.stopTimeout,
 	}
 	// Secrets never reach the state file: values derived from a sensitive variable are
-	// recorded as digests, which identityChanges compares just as well.
-	if s.envSensitive {
-		for k, v := range r.Env {
+	// recorded as digests, which identityChanges compares just as well. Only those: the
+	// other keys of the map are recorded as they are (before per-key sensitivity, one
+	// secret digested the whole map; sameRecorded still accepts such records).
+	for k, v := range r.Env {
+		if s.secretEnv(k) {
 			r.Env[k] = secretDigest(v)
 		}
 	}
-	if s.flagsSensitive {
-		for k, v := range r.Flags {
+	for k, v := range r.Flags {
+		if s.secretFlag(k) {
 			r.Flags[k] = secretDigest(v)
 		}
+	}
+	if s.argvSensitive {
 		r.Argv = []string{secretDigest(strings.Join(r.Argv, "\x00"))}
 	}
 	return r
+}
+
+// secretEnv and secretFlag report whether the env variable or flag named k derives from a
+// sensitive variable (never, for a server built from its record alone).
+func (s *Server) secretEnv(k string) bool  { return s.envSensitive != nil && s.envSensitive(k) }
+func (s *Server) secretFlag(k string) bool { return s.flagsSensitive != nil && s.flagsSensitive(k) }
+
+// plainRecord is the identity s would launch with every value as it is: what
+// identityChanges compares a record's values against (record() digests the secrets).
+func (s *Server) plainRecord() serverRecord {
+	return serverRecord{Flags: s.flagDisplay(), Env: maps.Clone(s.env)}
 }
 
 // secretDigest stands for a sensitive value in the state file.
@@ -588,13 +606,14 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 	if !slices.Equal(rec.Command, want.Command) {
 		add(agent.Set("command", rec.Command, want.Command))
 	}
-	for _, c := range keyChanges("flags", rec.Flags, want.Flags, flagValue, s.flagsSensitive) {
+	plain := s.plainRecord()
+	for _, c := range keyChanges("flags", rec.Flags, plain.Flags, flagValue, s.secretFlag) {
 		add(c)
 	}
 	if !slices.Equal(rec.Args, want.Args) {
 		add(agent.Set("args", rec.Args, want.Args))
 	}
-	for _, c := range keyChanges("env", rec.Env, want.Env, func(v string) any { return v }, s.envSensitive) {
+	for _, c := range keyChanges("env", rec.Env, plain.Env, func(v string) any { return v }, s.secretEnv) {
 		add(c)
 	}
 	if rec.Workdir != want.Workdir {
@@ -612,20 +631,27 @@ func (s *Server) identityChanges(rec *serverRecord) []agent.Change {
 	return out
 }
 
-// keyChanges is the per-key difference of two maps, in key order, as changes of
-// name["key"] whose values are typed by value (flags are recorded as a diff shows them and
-// read back as strings, numbers and booleans; env values are strings).
-func keyChanges(name string, old, new map[string]string, text func(string) any, sensitive bool) []agent.Change {
+// keyChanges is the per-key difference of a recorded map and the plan's (plain values),
+// in key order, as changes of name["key"] whose values are typed by value (flags are
+// recorded as a diff shows them and read back as strings, numbers and booleans; env
+// values are strings). A key for which sensitive is true is a sensitive change: its
+// values are never shown, and the others' are.
+func keyChanges(name string, recorded, plain map[string]string, text func(string) any, sensitive func(string) bool) []agent.Change {
 	var out []agent.Change
-	for _, k := range unionKeys(old, new) {
-		o, hadOld := old[k]
-		n, hasNew := new[k]
-		if hadOld && hasNew && o == n {
+	for _, k := range unionKeys(recorded, plain) {
+		o, hadOld := recorded[k]
+		n, hasNew := plain[k]
+		if hadOld && hasNew && sameRecorded(o, n) {
 			continue
 		}
-		c := agent.Change{Attr: fmt.Sprintf("%s[%q]", name, k), HasOld: hadOld, HasNew: hasNew, Sensitive: sensitive}
+		c := agent.Change{Attr: plans.KeyPath(name, k), HasOld: hadOld, HasNew: hasNew, Sensitive: sensitive(k)}
 		if hadOld {
 			c.Old = text(o)
+			if isDigest(o) {
+				// Recorded as a secret (by an older agent, or while it was one): the
+				// value is not known, only that it differs.
+				c.Old = agent.Raw("(sensitive)")
+			}
 		}
 		if hasNew {
 			c.New = text(n)
@@ -633,6 +659,18 @@ func keyChanges(name string, old, new map[string]string, text func(string) any, 
 		out = append(out, c)
 	}
 	return out
+}
+
+// sameRecorded reports whether a recorded value stands for the plan's plain value: the
+// value itself, or its digest (a secret; and every key of a map that held one secret, as
+// agents before per-key sensitivity recorded it, so that an upgrade relaunches nothing).
+func sameRecorded(recorded, plain string) bool {
+	return recorded == plain || (isDigest(recorded) && recorded == secretDigest(plain))
+}
+
+// isDigest reports whether a recorded value is a secretDigest.
+func isDigest(v string) bool {
+	return len(v) == len("sha256:")+64 && strings.HasPrefix(v, "sha256:")
 }
 
 func unionKeys(a, b map[string]string) []string {
@@ -760,9 +798,8 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		d.Changes = append(d.Changes, s.identityChanges(&rec)...)
 	} else {
 		d.Add(agent.Added("argv", agent.CommandLine(s.argv())).Because(agent.Creates, agent.ReasonMissing))
-		if len(s.env) > 0 {
-			c := agent.Added("env", agent.Raw(fmt.Sprintf("%d variables", len(s.env))))
-			c.Sensitive = s.envSensitive
+		// Each variable: the values of those that are not secrets.
+		for _, c := range keyChanges("env", nil, s.env, func(v string) any { return v }, s.secretEnv) {
 			d.Add(c.Because(agent.Creates, agent.ReasonMissing))
 		}
 		if s.port > 0 {
@@ -1207,7 +1244,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return s.absentStatus(env, has, &rec)
 	}
 	if !has {
-		return &agent.Status{Healthy: false, Summary: "not launched by this agent yet"}, nil
+		return s.unlaunchedStatus(ctx, env), nil
 	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil && !errors.Is(err, errNoEndpoint) {

@@ -495,22 +495,23 @@ func TestServerUnhealthyPastGraceIsRelaunched(t *testing.T) {
 }
 
 // Changes carry typed values: env values as strings, flags read back from their recorded
-// display as strings, numbers and booleans; unchanged keys are not changes; sensitive
-// maps mark every change.
+// display as strings, numbers and booleans; unchanged keys are not changes; only the keys
+// that are secrets are sensitive changes.
 func TestKeyChanges(t *testing.T) {
 	t.Parallel()
 	str := func(v string) any { return v }
-	got := keyChanges("env", map[string]string{"A": "1", "B": "x", "C": "same"}, map[string]string{"B": "y", "C": "same", "D": "new"}, str, true)
+	secretB := func(k string) bool { return k == "B" }
+	got := keyChanges("env", map[string]string{"A": "1", "B": "x", "C": "same"}, map[string]string{"B": "y", "C": "same", "D": "new"}, str, secretB)
 	want := []agent.Change{
-		{Attr: `env["A"]`, Old: "1", HasOld: true, Sensitive: true},
+		{Attr: `env["A"]`, Old: "1", HasOld: true},
 		{Attr: `env["B"]`, Old: "x", New: "y", HasOld: true, HasNew: true, Sensitive: true},
-		{Attr: `env["D"]`, New: "new", HasNew: true, Sensitive: true},
+		{Attr: `env["D"]`, New: "new", HasNew: true},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("env changes (-want +got):\n%s", diff)
 	}
 	got = keyChanges("flags", map[string]string{"mem-fraction-static": "0.8", "algo": `"A"`, "on": "true"},
-		map[string]string{"mem-fraction-static": "0.85", "algo": `"B"`}, flagValue, false)
+		map[string]string{"mem-fraction-static": "0.85", "algo": `"B"`}, flagValue, func(string) bool { return false })
 	want = []agent.Change{
 		{Attr: `flags["algo"]`, Old: "A", New: "B", HasOld: true, HasNew: true},
 		{Attr: `flags["mem-fraction-static"]`, Old: json.Number("0.8"), New: json.Number("0.85"), HasOld: true, HasNew: true},

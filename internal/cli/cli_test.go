@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -29,14 +30,25 @@ func TestScripts(t *testing.T) {
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"exits": exitsCmd,
+			"exits":     exitsCmd,
+			"normalize": normalizeCmd,
 		},
+		UpdateScripts: *update,
 		Setup: func(env *testscript.Env) error {
 			env.Setenv("STATE", env.WorkDir+"/state")
 			// Plans in the scripts declare variable "root" and put every managed file
 			// under it: file paths must be absolute, and $WORK differs per run.
 			env.Setenv("AGENT_VAR_root", env.WorkDir+"/root")
 			env.Setenv("FAKE_SGLANG_BIN", fake)
+			// $PORT and $PORT2 are ports free when the script starts, for servers of its own.
+			for _, name := range []string{"PORT", "PORT2"} {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					return err
+				}
+				defer ln.Close()
+				env.Setenv(name, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+			}
 			return nil
 		},
 	})

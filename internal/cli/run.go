@@ -88,22 +88,7 @@ func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Wri
 		agent.WriteJSON(stdout, &doc)
 	} else {
 		fmt.Fprintf(stdout, "(from agent run at %s)\n", addr)
-		for _, r := range doc.Resources {
-			switch {
-			case r.Error != "":
-				fmt.Fprintf(stdout, "  ✗ %s: %s\n", r.Address, red.String(r.Error))
-				continue
-			case r.Status != nil && r.Status.Healthy:
-				fmt.Fprintf(stdout, "  ✓ %s: %s\n", r.Address, r.Status.Summary)
-			case r.Status != nil:
-				fmt.Fprintf(stdout, "  ! %s: %s\n", r.Address, r.Status.Summary)
-			}
-			if r.Status != nil {
-				for _, f := range r.Status.Fields {
-					fmt.Fprintf(stdout, "      %s  %s\n", f.Name, f.Value)
-				}
-			}
-		}
+		(&agent.View{W: stdout, Redact: red}).Status(agent.StatusReport(&doc))
 	}
 	for _, r := range doc.Resources {
 		if r.Error != "" {
