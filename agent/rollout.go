@@ -40,13 +40,15 @@ type Rollouts struct {
 	// seen is what each member was last observed as: "" available, else why it is not.
 	// A member absent from it has not been observed by this process.
 	seen map[string]string
+	// wants are the members last observed healthy with a disruption to carry out.
+	wants map[string]bool
 	// changed is closed (and replaced) whenever a count may have changed.
 	changed chan struct{}
 }
 
 // NewRollouts returns the rollout permits of the state directory of store.
 func NewRollouts(store *state.Store) *Rollouts {
-	return &Rollouts{store: store, seen: map[string]string{}, changed: make(chan struct{})}
+	return &Rollouts{store: store, seen: map[string]string{}, wants: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // load reads the members in flight once (under r.mu).
@@ -106,13 +108,16 @@ func (r *Rollouts) observed(addr string, d *Diff, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	was, had := r.seen[addr]
-	r.seen[addr] = ""
+	wanted := r.wants[addr]
+	r.seen[addr], r.wants[addr] = "", false
 	if err != nil {
 		r.seen[addr] = "could not be observed: " + err.Error()
 	} else if why, down := d.Unavailable(); down {
 		r.seen[addr] = why
+	} else {
+		r.wants[addr] = d.Action.Destructive()
 	}
-	changed := !had || was != r.seen[addr]
+	changed := !had || was != r.seen[addr] || wanted != r.wants[addr]
 	if err == nil && d.Action == NoOp && r.load() == nil {
 		if _, ok := r.inFlight[addr]; ok {
 			delete(r.inFlight, addr)
@@ -139,7 +144,11 @@ type blocker struct {
 // The permit is recorded before admit returns. fresh says a permit was newly taken (the
 // caller gives it back with release if it then does not act). changed is closed when the
 // verdict may have changed.
-func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action) (fresh bool, refusal *RolloutError, changed <-chan struct{}, err error) {
+//
+// pending, when not nil (an apply), says whether a member may still act in this apply:
+// healthy members are then disrupted in the order the plan declares them, so an operator
+// knows which goes first (a canary declared first). The loop has no such order.
+func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending func(string) bool) (fresh bool, refusal *RolloutError, changed <-chan struct{}, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	changed = r.changed
@@ -156,10 +165,15 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action) (fresh 
 		return false, nil, changed, nil
 	}
 	if why := r.seen[addr]; why == "" {
-		var blockers []blocker
+		var blockers, ahead []blocker
+		first := true // addr comes before o in the plan
 		for _, o := range g.Members {
 			if o == addr {
+				first = false
 				continue
+			}
+			if _, busy := r.inFlight[o]; !busy && first && pending != nil && r.wants[o] && pending(o) {
+				ahead = append(ahead, blocker{o, "declared first, goes first"})
 			}
 			if m, ok := r.inFlight[o]; ok {
 				if m.Failed != "" {
@@ -176,8 +190,8 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action) (fresh 
 				blockers = append(blockers, blocker{o, why})
 			}
 		}
-		if len(blockers) >= g.MaxUnavailable {
-			return false, &RolloutError{Group: g.Name, Max: g.MaxUnavailable, blockers: blockers}, changed, nil
+		if len(blockers) >= g.MaxUnavailable || len(ahead) > 0 {
+			return false, &RolloutError{Group: g.Name, Max: g.MaxUnavailable, blockers: append(blockers, ahead...)}, changed, nil
 		}
 	}
 	r.inFlight[addr] = state.RolloutMember{Group: g.Name, Action: string(act), Since: time.Now().UTC()}
@@ -404,6 +418,22 @@ func (r *applyRun) pending(addr string) bool {
 	return !blocked(addr)
 }
 
+// ready reports whether addr is pending and every dependency of it succeeded: it acts
+// (or waits at its group's gate) without waiting for anything else.
+func (r *applyRun) ready(addr string) bool {
+	if !r.pending(addr) {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range r.graph.Deps(addr) {
+		if err, ok := r.done[d]; !ok || err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // hopeless reports whether a refusal cannot change in this apply: the failed member, or
 // enough of the unavailable ones, will not act again before it ends.
 func (r *applyRun) hopeless(re *RolloutError) bool {
@@ -432,7 +462,13 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 		if _, down := d.Unavailable(); d.Action == NoOp || !d.Action.Destructive() && !down {
 			return d, false, nil // an in-place change interrupts nothing
 		}
-		fresh, refusal, changed, err := e.rollouts.admit(g, addr, d.Action)
+		var pending func(string) bool
+		if run != nil {
+			// A member declared first goes first once it can act: a member still
+			// waiting for its dependencies goes when they are done.
+			pending = run.ready
+		}
+		fresh, refusal, changed, err := e.rollouts.admit(g, addr, d.Action, pending)
 		if err != nil {
 			return d, false, fmt.Errorf("%s: rollout %s: %w", addr, g.Name, err)
 		}

@@ -188,18 +188,28 @@ func TestRollout(t *testing.T) {
 		// want is each resource's outcome (outcome()); peak the most members down at once.
 		want map[string]string
 		peak int
-		// first, when set, is the member whose Apply must start first.
+		// first, when set, is the member whose Apply must start first; order, the order
+		// of them all.
 		first string
+		order []string
 		// errs are substrings of each resource's error.
 		errs map[string]string
 		// inFlight are the members left recorded in rollouts.json.
 		inFlight []string
 	}{
 		{
-			name: "three members, one at a time",
-			plan: group(3, 1, "v2", nil),
-			want: map[string]string{"member.a": "applied:restart", "member.b": "applied:restart", "member.c": "applied:restart"},
-			peak: 1,
+			name:  "three members, one at a time, in the plan's order",
+			plan:  group(3, 1, "v2", nil),
+			want:  map[string]string{"member.a": "applied:restart", "member.b": "applied:restart", "member.c": "applied:restart"},
+			peak:  1,
+			order: []string{"member.a", "member.b", "member.c"},
+		},
+		{
+			name:  "a member declared first that depends on a later one goes after it",
+			plan:  group(3, 1, "v2", map[int]string{0: "  depends_on = [member.c]\n"}),
+			want:  map[string]string{"member.a": "applied:restart", "member.b": "applied:restart", "member.c": "applied:restart"},
+			peak:  1,
+			order: []string{"member.b", "member.c", "member.a"},
 		},
 		{
 			name: "four members, two at a time",
@@ -333,6 +343,9 @@ wait "c" { after = "member.b" }
 			defer f.mu.Unlock()
 			if f.peak != tc.peak {
 				t.Errorf("at most %d members were down at once, want %d (applies started in order %v)", f.peak, tc.peak, f.started)
+			}
+			if tc.order != nil && !slices.Equal(f.started, tc.order) {
+				t.Errorf("applies started in order %v, want %v", f.started, tc.order)
 			}
 			if tc.first != "" && (len(f.started) == 0 || f.started[0] != tc.first) {
 				t.Errorf("applies started in order %v, want %s first", f.started, tc.first)
