@@ -224,7 +224,10 @@ func (r *Rollouts) failed(addr, member string, err error) {
 	if !ok {
 		return
 	}
-	m.Failed, m.Member = strings.TrimPrefix(err.Error(), addr+": "), member
+	// The first line quotes the failure (a launch's log line); the failed step's own
+	// report carries the rest (the log's tail), which each skipped member would repeat.
+	quote, _, _ := strings.Cut(strings.TrimPrefix(err.Error(), addr+": "), "\n")
+	m.Failed, m.Member = strings.TrimSuffix(strings.TrimSpace(quote), ":"), member
 	r.inFlight[addr] = m
 	_ = r.save() // in memory it stops this process's rollout either way
 	r.notify()
