@@ -156,7 +156,9 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending
 		return false, nil, changed, err
 	}
 	if m, ok := r.inFlight[addr]; ok {
-		m.Action, m.Failed, m.Member = string(act), "", ""
+		// Its failure, if it had one, stands until it is verified: a retry in progress
+		// still stops the rest of the group.
+		m.Action = string(act)
 		r.inFlight[addr] = m
 		if err := r.save(); err != nil {
 			return false, nil, changed, err

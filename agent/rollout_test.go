@@ -494,3 +494,27 @@ func TestRolloutPlanLine(t *testing.T) {
 		t.Errorf("plan wrote rollouts.json: %v", err)
 	}
 }
+
+// TestRolloutCorruptRecordStopsApply: a rollouts.json that cannot be read is an error
+// before anything acts, never a guess that nothing is in flight.
+func TestRolloutCorruptRecordStopsApply(t *testing.T) {
+	t.Parallel()
+	f := newFleet()
+	for _, m := range []string{"member.a", "member.b"} {
+		f.values[m] = "v1"
+	}
+	dir := t.TempDir()
+	e := fleetEngine(t, f, dir, group(2, 1, "v2", nil), Options{})
+	if err := os.WriteFile(filepath.Join(dir, "rollouts.json"), []byte(`{"member.a": `), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep := e.Apply(context.Background(), nil)
+	for _, st := range rep.Steps {
+		if st.Err == nil || !strings.Contains(st.Err.Error(), "rollouts.json is corrupt") {
+			t.Errorf("%s: %v, want the corrupt record named", st.Addr, st.Err)
+		}
+	}
+	if len(f.started) != 0 {
+		t.Errorf("acted with a corrupt record: %v", f.started)
+	}
+}

@@ -12,6 +12,8 @@ package rollout_test
 //  3. The fix is applied: the failed member is repaired first, then the rest.
 //  4. SIGKILL of the agent while a member is down mid-rollout: rollouts.json names that
 //     member; the next apply finishes it first and then the rest.
+//  5. A member killed before the apply counts as unavailable: it is repaired first and no
+//     healthy member is stopped until it serves again.
 //
 // At no moment after the first deployment does the poller see two servers down.
 
@@ -320,5 +322,28 @@ func TestRolloutEndToEnd(t *testing.T) {
 	out = run(0, "plan", planFile, "-var", "mem=0.95")
 	if !strings.Contains(out, "No changes") {
 		t.Errorf("not converged after the resumed rollout:\n%s", out)
+	}
+
+	// 5. A member already down counts as unavailable: with server.qwen_b killed, a flag
+	// change repairs b first (its relaunch carries the change) and disrupts a and c only
+	// after it is verified; the poller sees b down, never b with another.
+	pidB := serverPID(t, state, "b")
+	if err := syscall.Kill(-pidB, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone := time.Now().Add(30 * time.Second)
+	for syscall.Kill(pidB, 0) == nil && time.Now().Before(waitGone) {
+		time.Sleep(10 * time.Millisecond) // a zombie counts as gone on this machine's PID 1
+		if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pidB), "stat")); err != nil || strings.Contains(string(b), ") Z ") {
+			break
+		}
+	}
+	out = run(2, "plan", planFile, "-var", "mem=0.99")
+	if !strings.Contains(out, "rollout qwen: 2 restarts, 1 at a time; server.qwen_b down") {
+		t.Errorf("plan does not show the member down:\n%s", out)
+	}
+	out = run(0, "apply", planFile, "-var", "mem=0.99")
+	if got := strings.Join(order(out), ","); got != "b,a,c" {
+		t.Errorf("with b down acted on %s, want b (repaired first), then a, c\n%s", got, out)
 	}
 }
