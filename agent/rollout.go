@@ -181,7 +181,7 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending
 				if m.Failed != "" {
 					return false, &RolloutError{Group: g.Name, Max: g.MaxUnavailable, Stopped: true, Cause: o, Member: m.Member, Reason: m.Failed}, changed, nil
 				}
-				blockers = append(blockers, blocker{o, m.Action + " in progress"})
+				blockers = append(blockers, blocker{o, m.Action + " not verified yet"})
 				continue
 			}
 			why, ok := r.seen[o]
