@@ -237,6 +237,13 @@ func TestRolloutEndToEnd(t *testing.T) {
 	if got := strings.Join(order(out), ","); got != "a,b,c" {
 		t.Errorf("restarted in order %s, want a,b,c\n%s", got, out)
 	}
+	// Each verified (ready, settled, smoke-tested, checked again) before the next starts.
+	for _, pair := range [][2]string{{"✓ server.qwen_a: restarted and verified", "… server.qwen_b: restarting"},
+		{"✓ server.qwen_b: restarted and verified", "… server.qwen_c: restarting"}} {
+		if i, j := strings.Index(out, pair[0]), strings.Index(out, pair[1]); i < 0 || j < 0 || i > j {
+			t.Errorf("%q does not come before %q:\n%s", pair[0], pair[1], out)
+		}
+	}
 
 	// 2. The relaunch of the 2nd fails: the 3rd is untouched and keeps serving.
 	pidC := serverPID(t, state, "c")
