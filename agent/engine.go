@@ -61,6 +61,10 @@ type Options struct {
 	// resource (and skips its dependents). The reconcile loop uses it for per-resource
 	// backoff and, once it is stopping, to start no new action while it observes.
 	Hold func(addr string) error
+	// Rollouts are the rollout permits of the state directory, shared by every engine of
+	// a process (the reconcile loop's, one per plan reload) so that they count the same
+	// disruptions. Nil: the engine makes its own when the plan has rollout groups.
+	Rollouts *Rollouts
 }
 
 // Engine runs a bound plan against the host.
@@ -81,6 +85,10 @@ type Engine struct {
 	refused map[string]error
 	// destroying is set on the engine Destroy derives.
 	destroying bool
+	// groupOf maps each member of a rollout group to its group; rollouts are the permits
+	// (nil when the plan has no group).
+	groupOf  map[string]*plans.RolloutGroup
+	rollouts *Rollouts
 }
 
 // Bind binds every resource of a loaded plan to its kind. It touches nothing on the host,
@@ -152,6 +160,7 @@ func New(p *plans.Plan, kinds []Kind, store *state.Store, opts Options) (*Engine
 	if err := e.checkHost(); err != nil {
 		return nil, err
 	}
+	e.initRollouts()
 	if err := e.findOrphans(); err != nil {
 		return nil, err
 	}
@@ -280,11 +289,22 @@ type Step struct {
 	MovedFrom string
 }
 
-// Skipped reports whether the step did not run because a dependency failed, and which.
+// Skipped reports whether the step did not run because a dependency failed, or because
+// its rollout group stopped at a failed member or is held at its limit by unavailable
+// ones, and which resource is the cause.
 func (s *Step) Skipped() (cause string, ok bool) {
 	var sk *dag.SkippedError
 	if errors.As(s.Err, &sk) {
 		return sk.Cause, true
+	}
+	var re *RolloutError
+	if errors.As(s.Err, &re) {
+		if re.Stopped {
+			return re.Cause, true
+		}
+		if len(re.blockers) > 0 {
+			return re.blockers[0].addr, true
+		}
 	}
 	return "", false
 }
@@ -292,6 +312,8 @@ func (s *Step) Skipped() (cause string, ok bool) {
 // Report is the result of a run, steps in dependency order.
 type Report struct {
 	Steps []*Step
+	// Rollouts summarise the plan's rollout groups (plan runs only).
+	Rollouts []RolloutSummary
 }
 
 // Summary counts the actions of the report's diffs.
@@ -338,6 +360,9 @@ func (e *Engine) Plan(ctx context.Context) *Report {
 		st.Diff, st.Err = e.check(ctx, addr)
 		st.Duration = time.Since(start)
 	})
+	if e.rollouts != nil {
+		rep.Rollouts = e.rolloutSummaries(rep)
+	}
 	return rep
 }
 
@@ -396,10 +421,36 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 	if !e.opts.AllowDeleteAll && !e.destroying {
 		e.refused = e.guardDeleteAll(ctx)
 	}
+	walkers := e.opts.Parallelism
+	var run *applyRun
+	if e.rollouts != nil && !e.destroying {
+		if err := e.observeMembers(ctx); err != nil {
+			for _, st := range rep.Steps {
+				st.Err = err
+			}
+			return rep
+		}
+		// Members waiting for their group give their slot back (applyRun.slots), so
+		// the walk may hold one more goroutine per member than steps that act.
+		run = &applyRun{graph: e.graph, slots: make(chan struct{}, e.opts.Parallelism), done: map[string]error{}}
+		walkers += len(e.groupOf)
+	}
 	step := func(ctx context.Context, addr string) error {
 		st := byAddr[addr]
+		if run != nil {
+			select {
+			case run.slots <- struct{}{}:
+			case <-ctx.Done():
+				return dag.ErrNotRun
+			}
+			defer func() {
+				<-run.slots
+				run.finish(addr, st.Err)
+				e.rollouts.poke()
+			}()
+		}
 		start := time.Now()
-		st.Err = e.applyOne(ctx, st, func() { emit(st, "start") })
+		st.Err = e.applyOne(ctx, st, func() { emit(st, "start") }, run)
 		st.Duration = time.Since(start)
 		if st.Err != nil || st.Applied {
 			emit(st, "done")
@@ -415,7 +466,7 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 		}
 		step(ctx, addr)
 	}
-	results, err := e.graph.Walk(ctx, e.opts.Parallelism, step)
+	results, err := e.graph.Walk(ctx, walkers, step)
 	if err != nil {
 		// The loader rejects cycles, so this cannot happen with a loaded plan.
 		for _, st := range rep.Steps {
@@ -433,15 +484,16 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 	return rep
 }
 
-// applyOne is one resource's part of Apply: check, act, verify.
-func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
+// applyOne is one resource's part of Apply: check, act, verify. run is the apply's
+// progress, for a rollout member's wait (nil in the reconcile loop, which never waits).
+func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *applyRun) error {
 	addr := st.Addr
 	if e.opts.Hold != nil {
 		if err := e.opts.Hold(addr); err != nil {
 			return err
 		}
 	}
-	d, err := e.check(ctx, addr)
+	d, err := e.observe(ctx, addr)
 	st.Diff = d
 	if err != nil {
 		return err
@@ -460,10 +512,18 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
 	if err := e.refused[addr]; err != nil && d.Action == Delete {
 		return fmt.Errorf("%s: %s: %w", addr, d.Action, err)
 	}
+	d, fresh, err := e.gate(ctx, run, addr, d)
+	st.Diff = d
+	if err != nil || d.Action == NoOp {
+		return err
+	}
 	if e.opts.Hold != nil {
 		// Observation takes time (a readiness probe, a Hub request): what held nothing
 		// then may hold the action now (the agent began to stop meanwhile).
 		if err := e.opts.Hold(addr); err != nil {
+			if fresh {
+				e.rollouts.release(addr)
+			}
 			return err
 		}
 	}
@@ -473,14 +533,20 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func()) error {
 		return e.resources[addr].Apply(ctx, e.env(addr), d)
 	})
 	if err != nil {
-		return withAddr(addr, string(d.Action), err)
+		err = withAddr(addr, string(d.Action), err)
+		e.rolloutFailed(ctx, addr, err)
+		return err
 	}
-	after, err := e.check(ctx, addr)
+	after, err := e.observe(ctx, addr)
 	if err != nil {
-		return fmt.Errorf("%w (while verifying the apply)", err)
+		err = fmt.Errorf("%w (while verifying the apply)", err)
+		e.rolloutFailed(ctx, addr, err)
+		return err
 	}
 	if after.Action != NoOp {
-		return fmt.Errorf("%s: verify: %w: %s", addr, ErrNotConverged, describe(after))
+		err := fmt.Errorf("%s: verify: %w: %s", addr, ErrNotConverged, describe(after))
+		e.rolloutFailed(ctx, addr, err)
+		return err
 	}
 	st.Applied = true
 	e.log.Info("applied and verified", "resource", addr, "action", string(d.Action))

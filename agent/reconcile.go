@@ -32,6 +32,9 @@ func (e *Engine) Prepare(ctx context.Context) error {
 	if !e.opts.AllowDeleteAll && !e.destroying {
 		e.refused = e.guardDeleteAll(ctx)
 	}
+	if e.rollouts != nil {
+		return e.rollouts.prune(e.groupOf)
+	}
 	return nil
 }
 
@@ -71,7 +74,7 @@ func (e *Engine) StepTimeout(addr string) time.Duration { return e.timeout(addr)
 func (e *Engine) Reconcile(ctx context.Context, addr string) *Step {
 	st := e.newStep(addr)
 	start := time.Now()
-	st.Err = e.applyOne(ctx, st, func() {})
+	st.Err = e.applyOne(ctx, st, func() {}, nil)
 	st.Duration = time.Since(start)
 	return st
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -61,6 +62,11 @@ func (v *View) Plan(rep *Report) {
 		}
 		changed++
 		v.diff(st)
+	}
+	for _, r := range rep.Rollouts {
+		if r.Disruptions.Total() > 0 {
+			v.printf("  %s\n", r)
+		}
 	}
 	s := rep.Summary()
 	switch {
@@ -211,7 +217,10 @@ func (v *View) ApplyEvent(ev Event) {
 	case "done":
 		switch {
 		case st.Err != nil:
-			if cause, ok := st.Skipped(); ok {
+			var re *RolloutError
+			if errors.As(st.Err, &re) {
+				v.printf("  - %s: skipped: %s\n", st.Addr, re.Error())
+			} else if cause, ok := st.Skipped(); ok {
 				v.printf("  - %s: skipped, because %s failed\n", st.Addr, cause)
 			} else {
 				v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
@@ -329,6 +338,9 @@ type JSONOutput struct {
 	Resources     []JSONResource         `json:"resources"`
 	Diagnostics   []plans.JSONDiagnostic `json:"diagnostics,omitempty"`
 	Error         string                 `json:"error,omitempty"`
+	// Rollouts are the plan's rollout groups (plan only): disruptions, and at most how
+	// many at a time.
+	Rollouts []RolloutSummary `json:"rollouts,omitempty"`
 	// StateDir is set by `agent run`'s /status, so `agent status` can tell whether the
 	// daemon answering manages the same host state.
 	StateDir string `json:"state_dir,omitempty"`
@@ -406,6 +418,7 @@ func JSON(command string, rep *Report, p *plans.Plan, r *Redactor) *JSONOutput {
 		s := rep.Summary()
 		out.Summary = &s
 	}
+	out.Rollouts = rep.Rollouts
 	for _, st := range rep.Steps {
 		typ, name, _ := strings.Cut(st.Addr, ".")
 		jr := JSONResource{Address: st.Addr, Type: typ, Name: name, Applied: st.Applied,

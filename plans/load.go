@@ -149,6 +149,7 @@ type resourceBlock struct {
 	body      hcl.Body
 	refs      []hcl.Traversal
 	dependsOn []hcl.Traversal
+	rollouts  []*hcl.Block
 	failed    bool
 }
 
@@ -220,6 +221,7 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 	l.decodeAgent(agentBlock)
 	l.decodeHost(hostBlock)
 	l.decodeResources()
+	l.checkRollouts()
 	l.decodeMoved(movedBlocks)
 	sortDiagnostics(l.diags)
 	return l.plan, l.diags
@@ -506,7 +508,7 @@ func traversalString(t hcl.Traversal) string {
 
 // collectResources records each resource block, its references and its depends_on.
 func (l *loader) collectResources(blocks []*hcl.Block) {
-	metaSchema := &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "depends_on"}}}
+	metaSchema := &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "depends_on"}}, Blocks: []hcl.BlockHeaderSchema{rolloutSchema}}
 	for _, b := range blocks {
 		name := b.Labels[0]
 		addr := b.Type + "." + name
@@ -537,6 +539,11 @@ func (l *loader) collectResources(blocks []*hcl.Block) {
 					continue
 				}
 				rb.dependsOn = append(rb.dependsOn, t)
+			}
+		}
+		for _, blk := range meta.Blocks {
+			if blk.Type == rolloutSchema.Type {
+				rb.rollouts = append(rb.rollouts, blk)
 			}
 		}
 		l.resources[addr] = rb
@@ -676,6 +683,10 @@ func (l *loader) decodeResource(rb *resourceBlock) {
 	l.diags = append(l.diags, diags...)
 	if diags.HasErrors() {
 		rb.failed = true
+		return
+	}
+	l.decodeRollout(rb)
+	if rb.failed {
 		return
 	}
 	r.Config = cfg

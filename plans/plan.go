@@ -83,6 +83,9 @@ type Resource struct {
 	// DependsOn are the addresses this resource needs applied first: from references in
 	// its body and from depends_on, in first-mention order.
 	DependsOn []string
+	// Rollout is the resource's rollout block (nil when it has none): the group whose
+	// disruptive steps the engine limits.
+	Rollout *Rollout
 	// Body is the resource's body without meta-arguments, for looking up source ranges.
 	Body hcl.Body
 	// DeclRange is the range of the block header ("server \"qwen\"").

@@ -121,6 +121,9 @@ type Daemon struct {
 	lastErr  string    // the last plan load error, reported while the old plan runs
 	summary  string    // the last STATUS= sent
 	reloaded time.Time // when the current plan was accepted
+	// rollouts are the rollout groups' permits, shared by every engine of the loop (one
+	// per accepted plan) so that a reload never forgets a disruption in flight.
+	rollouts *agent.Rollouts
 }
 
 // resState is what the loop knows of one resource, carried across reloads by address.
@@ -379,7 +382,9 @@ func (d *Daemon) reload() error {
 	}
 	// What loads may still not run (a --target that is gone, the host guard): such a
 	// plan must not replace the last good one either.
-	eng, err := agent.New(p, d.cfg.Kinds, store, d.engineOptions())
+	opts := d.engineOptions()
+	opts.Rollouts = d.rolloutsFor(store)
+	eng, err := agent.New(p, d.cfg.Kinds, store, opts)
 	if err != nil {
 		return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
 	}

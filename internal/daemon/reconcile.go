@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 func orDefault(v, def time.Duration) time.Duration {
@@ -46,7 +47,28 @@ func (e *WaitingError) Error() string {
 // nothing failed (metrics and backoff learn nothing from it).
 func held(err error) bool {
 	var w *WaitingError
-	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold) || errors.As(err, &w)
+	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold) || errors.As(err, &w) ||
+		agent.IsRolloutWait(err)
+}
+
+// rolloutsFor is the loop's rollout permits over store, made once.
+func (d *Daemon) rolloutsFor(store *state.Store) *agent.Rollouts {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.rollouts == nil {
+		d.rollouts = agent.NewRollouts(store)
+	}
+	return d.rollouts
+}
+
+// wakeRollout queues the members of addr's rollout group that wait for it: a member's
+// reconcile, whatever its outcome, may have freed a permit or ended a stop (under d.mu).
+func (d *Daemon) wakeRollout(eng *agent.Engine, addr string) {
+	for _, p := range eng.RolloutPeers(addr) {
+		if ps := d.res[p]; ps != nil && ps.step != nil && agent.IsRolloutWait(ps.step.Err) {
+			d.queue.Add(p)
+		}
+	}
 }
 
 // hold is the engine's Hold: once the agent is stopping, no step starts.
@@ -246,6 +268,18 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 		d.mu.Unlock()
 		return
 	}
+	if agent.IsRolloutWait(st.Err) {
+		// Its group is at max_unavailable: nothing was tried, so nothing failed and no
+		// backoff starts. It is queued again as soon as a member of its group finishes
+		// a reconcile (wakeRollout), and at its resync in any case.
+		rs.step, rs.converged, rs.gen, rs.done = st, false, gen, now
+		d.queue.AddAfter(addr, d.resync())
+		d.mu.Unlock()
+		d.log.Info("waiting for its rollout group", "resource", addr, "why", st.Err.Error())
+		d.publish()
+		return
+	}
+	d.wakeRollout(eng, addr)
 	d.metrics.reconciles.WithLabelValues(addr).Inc()
 	d.metrics.duration.WithLabelValues(addr).Observe(st.Duration.Seconds())
 	drift := st.Diff != nil && st.Diff.Action != agent.NoOp

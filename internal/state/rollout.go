@@ -1,0 +1,67 @@
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agent-dev/agent/internal/atomicfile"
+)
+
+// rolloutsFile records the members of rollout groups whose disruption (a restart,
+// replace or delete) started and was not yet verified: after a SIGKILL, the next apply
+// counts them as unavailable and finishes them before disrupting another member.
+const rolloutsFile = "rollouts.json"
+
+// RolloutMember is one member of a rollout group in flight.
+type RolloutMember struct {
+	Group  string    `json:"group"`
+	Action string    `json:"action"`
+	Since  time.Time `json:"since"`
+	// Failed is the error of its last try, when it failed: the group's rollout stops
+	// until the member is repaired and verified.
+	Failed string `json:"failed,omitempty"`
+	// Member is the cluster member it lives on, when known (for the failure's report).
+	Member string `json:"member,omitempty"`
+}
+
+// LoadRollouts reads the rollout members in flight, by address; none is an empty map.
+// Unlike the dependency order, a corrupt file is an error: it is what keeps a resumed
+// rollout within max_unavailable.
+func (s *Store) LoadRollouts() (map[string]RolloutMember, error) {
+	m := map[string]RolloutMember{}
+	p := filepath.Join(s.dir, rolloutsFile)
+	data, err := readTrusted(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%s is corrupt: %w (it lists the rollout members in flight; check that no server of a rollout group is down, then move it aside and re-run)", p, err)
+	}
+	for addr := range m {
+		if !addrRE.MatchString(addr) {
+			return nil, fmt.Errorf("%s is corrupt: %q is not a resource address (move it aside and re-run)", p, addr)
+		}
+	}
+	return m, nil
+}
+
+// SaveRollouts writes the rollout members in flight atomically (an empty map removes
+// the file).
+func (s *Store) SaveRollouts(m map[string]RolloutMember) error {
+	p := filepath.Join(s.dir, rolloutsFile)
+	if len(m) == 0 {
+		return atomicfile.Remove(p)
+	}
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(p, append(data, '\n'), 0o600)
+}
