@@ -87,7 +87,7 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 	vars := []string{"--state-dir", filepath.Join(root, "state"), "-var", "metrics_listen=" + listen,
 		"-var", "root=" + root, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port),
 		"-var", "model_url=" + testbin.QuickstartModel(t).URL}
-	cmd := exec.Command(agentBin, append([]string{"run", "quickstart.hcl", "--interval", "1s"}, vars...)...)
+	cmd := exec.Command(agentBin, append([]string{"run", "quickstart.hcl", "--interval", "1s", "--log-level", "debug"}, vars...)...)
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
 	logf, _ := os.Create(filepath.Join(root, "agent.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -229,5 +229,9 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 	relaunch := fmt.Sprintf(`msg=applying resource=server.qwen action=restart changes="process: pid %d (generation 1) is gone → a new generation (restart: gone; relaunch)"`, first.PID)
 	if !strings.Contains(string(b), relaunch) {
 		t.Errorf("the log does not say why the server was relaunched (want %s):\n%s", relaunch, b)
+	}
+	// --log-level debug reaches the loop: each observation with its verdict.
+	if !regexp.MustCompile(`level=DEBUG msg=reconciled resource=server\.qwen took=\S+ observed=no-op applied=false`).Match(b) {
+		t.Errorf("agent run --log-level debug logged no observation of server.qwen:\n%s", b)
 	}
 }
