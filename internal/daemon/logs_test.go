@@ -14,7 +14,7 @@ import (
 )
 
 // tokenPlan is a server whose environment carries a sensitive token and which ignores
-// SIGTERM (its stop waits the whole 3 s timeout, then SIGKILLs it); a file waits for it,
+// SIGTERM (its stop waits the whole 4 s timeout, then SIGKILLs it); a file waits for it,
 // and another file cannot be written (its parent is a file).
 const tokenPlan = `
 variable "fake" {}
@@ -34,7 +34,7 @@ server "qwen" {
     settle  = "200ms"
   }
   stop {
-    timeout = "3s"
+    timeout = "4s"
   }
   log_dir = "${var.root}/logs"
 }
@@ -122,9 +122,9 @@ func TestLogExplainsStartRestartsStopsAndDebug(t *testing.T) {
 		}
 	}
 	// The stop's progress: SIGTERM ignored, a line a second until SIGKILL.
-	progress := lines(`msg="stopping server\.qwen: pid ` + strconv.Itoa(first.PID) + `, [0-9] s of 3 s, SIGTERM sent; [0-9]+ process(es)? left" resource=server\.qwen pid=` + strconv.Itoa(first.PID) + ` signal=SIGTERM`)
+	progress := lines(`msg="stopping server\.qwen: pid ` + strconv.Itoa(first.PID) + `, [0-9] s of 4 s, SIGTERM sent; [0-9]+ process(es)? left" resource=server\.qwen pid=` + strconv.Itoa(first.PID) + ` signal=SIGTERM`)
 	if len(progress) < 2 {
-		t.Errorf("%d stop progress lines during a 3 s wait at one a second, want 2 or more", len(progress))
+		t.Errorf("%d stop progress lines during a 4 s wait at one a second, want 2 or more", len(progress))
 	}
 	want("stop result", `msg=stopped resource=server\.qwen generation=1 pid=`+strconv.Itoa(first.PID)+` result="[0-9]+ processes stopped \([0-9]+ needed SIGKILL\)`)
 	want("reload line", `msg="plan loaded" plan=`+regexp.QuoteMeta(planPath)+` resources=3`)
