@@ -528,7 +528,9 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 		}
 	}
 	started()
-	e.log.Info("applying", "resource", addr, "action", string(d.Action))
+	// The changes with their effects and reasons: a restart in the journal says why (a
+	// rotated token is `env["HF_TOKEN"]`, its value never printed).
+	e.log.Info("applying", "resource", addr, "action", string(d.Action), "changes", LogChanges(d.Changes))
 	err = e.guard(ctx, addr, string(d.Action), func(ctx context.Context) error {
 		return e.resources[addr].Apply(ctx, e.env(addr), d)
 	})

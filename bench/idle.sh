@@ -7,17 +7,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-60}
 work=$(mktemp -d /tmp/agent-bench-idle.XXXXXX)
-agent_pid=""
+agent_pid="" model_pid=""
 cleanup() {
 	[ -n "$agent_pid" ] && kill -TERM "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null || true
 	pid=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$work/state/resources/server.qwen.json" 2>/dev/null | head -n1)
 	[ -n "$pid" ] && kill -9 -- "-$pid" 2>/dev/null || true
+	[ -n "$model_pid" ] && kill "$model_pid" 2>/dev/null || true
 	rm -rf "$work"
 }
 trap cleanup EXIT
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go build -o "$work/agent" . && go build -o "$work/fake-sglang" ./internal/fakesglang
+. examples/quickstart/model.sh
+quickstart_model "$work" # the quickstart's model directory on a loopback port
 port=${PORT:-30199}
-vars=(--state-dir "$work/state" -var root="$work" -var fake_sglang="$work/fake-sglang" -var port="$port")
+vars=(--state-dir "$work/state" -var root="$work" -var fake_sglang="$work/fake-sglang" -var model_url="$model_url" -var port="$port")
 "$work/agent" apply examples/quickstart "${vars[@]}" >/dev/null
 "$work/agent" run examples/quickstart "${vars[@]}" --interval 10s --listen 127.0.0.1:0 --log-level warn 2>"$work/run.log" &
 agent_pid=$!

@@ -21,16 +21,20 @@ runs=${RUNS:-5}
 blob_mib=${BLOB_MIB:-64}
 rate_kib=${RATE_KIB:-1024}
 work=$(mktemp -d /tmp/agent-bench-repair.XXXXXX)
-agent_pid="" serve_pid=""
+agent_pid="" serve_pid="" model_pid=""
 cleanup() {
 	[ -n "$agent_pid" ] && kill -9 "$agent_pid" 2>/dev/null || true
 	[ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null || true
+	[ -n "$model_pid" ] && kill "$model_pid" 2>/dev/null || true
 	pid=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$work/state/resources/server.qwen.json" 2>/dev/null | head -n1)
 	[ -n "$pid" ] && kill -9 -- "-$pid" 2>/dev/null || true
 	rm -rf "$work"
 }
 trap cleanup EXIT
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go build -o "$work/agent" . && go build -o "$work/fake-sglang" ./internal/fakesglang && go build -o "$work/serve" ./bench/downloadserve
+. examples/quickstart/model.sh
+quickstart_model "$work" # the quickstart's own model directory, unpaced
 mkdir -p "$work/srv" "$work/plan"
 head -c $((blob_mib << 20)) /dev/urandom >"$work/srv/blob.bin"
 sha=$(sha256sum "$work/srv/blob.bin" | cut -d' ' -f1)
@@ -67,7 +71,7 @@ record() { sed -n "s/.*\"$1\": *\"\{0,1\}\([^\",]*\).*/\1/p" "$work/state/resour
 walls=() owns=() readies=()
 for run in $(seq "$runs"); do
 	"$work/agent" run "$work/plan" --state-dir "$work/state" --interval 30s --listen "127.0.0.1:$lport" --log-level warn \
-		-var root="$work" -var fake_sglang="$work/fake-sglang" -var port="$port" 2>>"$work/run.log" &
+		-var root="$work" -var fake_sglang="$work/fake-sglang" -var model_url="$model_url" -var port="$port" 2>>"$work/run.log" &
 	agent_pid=$!
 	until [ "$(metric 'agent_resource_healthy{name="server.qwen"}')" = 1 ]; do sleep 0.05; done
 	r0=$(metric 'agent_repairs_total{resource="server.qwen"}')

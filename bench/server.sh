@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/server.sh: the agent's own overhead around a server, on the quickstart plan.
 #   - a no-op `agent plan` of the converged quickstart (whole process: start, load the
-#     plan, observe 3 resources, print), median of N runs; target < 50 ms;
+#     plan, observe 2 resources, print), median of N runs; target < 50 ms;
 #   - a relaunch on a changed flag: the apply's wall time minus the fake server's own
 #     start-to-ready time (launched_at → ready_at in the state record, which includes its
 #     deliberate 1 s slow start) — what remains is the agent: the verified stop (signal,
@@ -12,10 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-20}
 work=$(mktemp -d /tmp/agent-bench-server.XXXXXX)
-trap 'pid=$(sed -n "s/.*\"pid\": *\([0-9]*\).*/\1/p" "$work/state/resources/server.qwen.json" 2>/dev/null | head -n1); [ -n "$pid" ] && kill -9 -- "-$pid" 2>/dev/null; rm -rf "$work"' EXIT
+model_pid=""
+trap 'pid=$(sed -n "s/.*\"pid\": *\([0-9]*\).*/\1/p" "$work/state/resources/server.qwen.json" 2>/dev/null | head -n1); [ -n "$pid" ] && kill -9 -- "-$pid" 2>/dev/null; [ -n "$model_pid" ] && kill "$model_pid" 2>/dev/null; rm -rf "$work"' EXIT
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go build -o "$work/agent" . && go build -o "$work/fake-sglang" ./internal/fakesglang
+. examples/quickstart/model.sh
+quickstart_model "$work" # the quickstart's model directory on a loopback port
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 30177)
-agent() { "$work/agent" "$@" --state-dir "$work/state" -var root="$work" -var fake_sglang="$work/fake-sglang" -var port="$port"; }
+agent() { "$work/agent" "$@" --state-dir "$work/state" -var root="$work" -var fake_sglang="$work/fake-sglang" -var model_url="$model_url" -var port="$port"; }
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
 agent apply examples/quickstart >/dev/null

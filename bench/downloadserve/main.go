@@ -62,6 +62,7 @@ func main() {
 	portFile := flag.String("port-file", "", "write the chosen port here")
 	rate := flag.Int64("rate", 0, "cap each response at this many bytes per second (0: none)")
 	delay := flag.Duration("delay", 0, "wait this long before each response's first byte")
+	logResponses := flag.Bool("log", false, "log each response (method, path, range, body bytes) to stderr")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -95,6 +96,11 @@ func main() {
 		if *delay > 0 {
 			time.Sleep(*delay)
 		}
-		fs.ServeHTTP(&pacedWriter{ResponseWriter: w, st: &st, rate: *rate, start: time.Now()}, r)
+		pw := &pacedWriter{ResponseWriter: w, st: &st, rate: *rate, start: time.Now()}
+		fs.ServeHTTP(pw, r)
+		if *logResponses {
+			// What the quickstart's test adds up: every body byte this server sent.
+			log.Printf("%s %s range=%q bytes=%d", r.Method, r.URL.Path, r.Header.Get("Range"), pw.n)
+		}
 	})))
 }

@@ -1,7 +1,10 @@
 # The quickstart: the agent's main job on any Linux machine, with no GPU, no Incus and no
 # network. A fake SGLang (internal/fakesglang: SGLang's flags, log lines and endpoints)
-# stands in for the real server; small placeholder weights stand in for the checkpoint.
-# run.sh walks through plan → apply → a no-op plan → a changed flag → a verified relaunch.
+# stands in for the real server; a small model directory (examples/quickstart/model, with
+# 16 MiB of placeholder weights made at run time), served by a loopback HTTP server that
+# run.sh starts, stands in for the checkpoint. run.sh walks through plan → apply (the
+# download, then the server launched from it) → a no-op plan → a changed flag → a verified
+# relaunch → status → destroy.
 
 agent {
   # agent run serves /metrics, /status and /healthz here; agent status asks it first.
@@ -15,6 +18,10 @@ variable "metrics_listen" {
 variable "root" {
   description = "Where the quickstart keeps its weights and logs."
   default     = "/tmp/agent-quickstart"
+}
+
+variable "model_url" {
+  description = "Where the model directory is served (run.sh starts bench/downloadserve on a loopback port)."
 }
 
 variable "fake_sglang" {
@@ -32,22 +39,32 @@ variable "port" {
   default = 30123
 }
 
-file "model_config" {
-  path    = "${var.root}/models/Qwen3.6-27B/config.json"
-  content = jsonencode({ architectures = ["Qwen3NextForCausalLM"], model_type = "qwen3_next", tie_word_embeddings = false })
-  mode    = "0644"
-}
+# The weights, fetched once and verified (sha256, size); a later plan confirms them from
+# the destination's manifest and a stat, without reading them again or asking the server.
+download "model" {
+  dest = "${var.root}/models/Qwen3.6-27B"
 
-file "weights" {
-  path    = "${var.root}/models/Qwen3.6-27B/model-00001-of-00001.safetensors"
-  content = "placeholder weights: the quickstart serves no real model\n"
-  mode    = "0644"
+  file "config.json" {
+    url    = "${var.model_url}/config.json"
+    sha256 = "09658d872f20c3197bf532fa33c11d4760908086319aae315238459ce31b6989"
+    size   = 97
+  }
+  file "tokenizer.json" {
+    url    = "${var.model_url}/tokenizer.json"
+    sha256 = "5ec4cd8c249accb1d347bf65dc3d252e50418ff6402f397d808fdf5d83718ec1"
+    size   = 111
+  }
+  file "model.safetensors" { # 16 MiB of zeros: the fake loads nothing
+    url    = "${var.model_url}/model.safetensors"
+    sha256 = "080acf35a507ac9849cfcba47dc2ad83e01b75663a516279c8b9d243b719643e"
+    size   = 16777216
+  }
 }
 
 server "qwen" {
   command = [var.fake_sglang]
   flags = {
-    "model-path"                   = dirname(file.model_config.path)
+    "model-path"                   = download.model.dest
     "served-model-name"            = "Qwen3.6-27B"
     "port"                         = var.port
     "tp-size"                      = 2
@@ -65,7 +82,6 @@ server "qwen" {
     FAKE_SGLANG                 = "slow-start=1s"
     FAKE_SGLANG_DECODE_INTERVAL = "500ms"
   }
-  depends_on = [file.weights]
 
   ready {
     http     = "/health"

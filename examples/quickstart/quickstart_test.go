@@ -1,6 +1,7 @@
 // Package quickstart_test runs the README's first command, examples/quickstart/run.sh,
-// end to end: it must build, apply, re-plan as a no-op, relaunch on a changed flag with
-// verification, report status, and leave nothing running.
+// end to end: it must build, download the model from its loopback server, launch the
+// server from the downloaded directory, re-plan as a no-op, relaunch on a changed flag
+// with verification, report status, and leave nothing running (agent destroy).
 package quickstart_test
 
 import (
@@ -9,10 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 func TestQuickstart(t *testing.T) {
@@ -30,9 +34,12 @@ func TestQuickstart(t *testing.T) {
 		t.Fatalf("run.sh: %v\n%s", err, out)
 	}
 	for _, want := range []string{
-		"Plan: 3 to create",
+		"Plan: 2 to create",
+		`+ file["model.safetensors"]: download 16.0 MiB`,
+		"✓ download.model: created and verified",
+		"--model-path " + filepath.Join(root, "models", "Qwen3.6-27B") + "\n",
 		"✓ server.qwen: created and verified",
-		"No changes. The host matches the plan (3 resources).",
+		"No changes. The host matches the plan (2 resources).",
 		`~ flags["mem-fraction-static"]: 0.85 → 0.8  (restart)`,
 		"✓ server.qwen: restarted and verified",
 		"server.qwen: running, ready, generation 2",
@@ -40,8 +47,8 @@ func TestQuickstart(t *testing.T) {
 		"smoke test                  passed",
 		"- server.qwen (delete)",
 		"✓ server.qwen: deleted and verified",
-		"✓ file.weights: deleted and verified",
-		"Destroy complete: 3 changed, all verified",
+		"✓ download.model: deleted and verified",
+		"Destroy complete: 2 changed, all verified",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -71,7 +78,82 @@ func TestQuickstart(t *testing.T) {
 			t.Errorf("pid %d still runs after agent destroy: %s", rec.PID, stat)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(root, "models", "Qwen3.6-27B", "config.json")); err == nil {
-		t.Error("agent destroy left the plan's files")
+	if _, err := os.Stat(filepath.Join(root, "models", "Qwen3.6-27B", "model.safetensors")); err == nil {
+		t.Error("agent destroy left the downloaded weights")
+	}
+	// The download happened, from run.sh's own loopback server: it sent every byte of the
+	// model directory once, and the no-op plan and the relaunch asked it for nothing.
+	if served := servedBytes(t, filepath.Join(root, "origin.log")); served != quickstartModelBytes {
+		log, _ := os.ReadFile(filepath.Join(root, "origin.log"))
+		t.Errorf("the model server sent %d bytes, want %d (each file once):\n%s", served, quickstartModelBytes, log)
+	}
+}
+
+// quickstartModelBytes is the model directory's size: config.json, tokenizer.json and the
+// placeholder weights, as quickstart.hcl pins them.
+const quickstartModelBytes = 97 + 111 + testbin.QuickstartWeightsSize
+
+// servedBytes adds up the body bytes a bench/downloadserve -log sent.
+func servedBytes(t *testing.T, logPath string) int64 {
+	t.Helper()
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatalf("the model server's log: %v", err)
+	}
+	var n int64
+	for _, m := range regexp.MustCompile(`(?m) bytes=(\d+)$`).FindAllStringSubmatch(string(data), -1) {
+		b, _ := strconv.ParseInt(m[1], 10, 64)
+		n += b
+	}
+	return n
+}
+
+// The no-op plan confirms the downloaded weights from the destination's manifest and a
+// stat: it neither asks the model server again nor reads the 16 MiB back. Proof: the
+// weights are overwritten in place (same size, same mtime) after the apply, and the plan
+// still says no changes, while the server was sent nothing more.
+func TestQuickstartNoOpPlanReadsNoWeights(t *testing.T) {
+	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
+	origin := testbin.QuickstartModel(t)
+	root, port := t.TempDir(), strconv.Itoa(testbin.FreePort(t))
+	t.Cleanup(func() { testbin.KillServers(root) })
+	agent := func(args ...string) (string, error) {
+		args = append(args, "quickstart.hcl", "--state-dir", filepath.Join(root, "state"), "-var", "root="+root,
+			"-var", "fake_sglang="+fakeBin, "-var", "model_url="+origin.URL, "-var", "port="+port,
+			"-var", "metrics_listen=127.0.0.1:1")
+		out, err := exec.Command(agentBin, args...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := agent("apply"); err != nil || !strings.Contains(out, "✓ download.model: created and verified") {
+		t.Fatalf("agent apply: %v\n%s", err, out)
+	}
+	if sent := origin.Sent(); sent != quickstartModelBytes {
+		t.Fatalf("the model server sent %d bytes for the apply, want %d", sent, quickstartModelBytes)
+	}
+	weights := filepath.Join(root, "models", "Qwen3.6-27B", "model.safetensors")
+	st, err := os.Stat(weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(weights, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("not zeros: a plan that read this would see it"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(weights, st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	out, err := agent("plan")
+	if err != nil || !strings.Contains(out, "No changes. The host matches the plan (2 resources).") {
+		t.Errorf("agent plan after the apply: %v\n%s", err, out)
+	}
+	if sent := origin.Sent(); sent != quickstartModelBytes {
+		t.Errorf("the no-op plan asked the model server again: %d bytes sent in all, want %d", sent, quickstartModelBytes)
+	}
+	if out, err := agent("destroy"); err != nil {
+		t.Errorf("agent destroy: %v\n%s", err, out)
 	}
 }

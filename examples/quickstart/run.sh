@@ -1,8 +1,10 @@
 #!/bin/sh
-# run.sh: the quickstart. Builds the agent and the fake SGLang, then shows the main job:
-# plan → apply → a no-op plan → a changed flag → a verified relaunch → status, and ends
-# with agent destroy (unless KEEP=1): a verified stop, never a kill by hand. Needs Go,
-# nothing else: no GPU, Incus or network.
+# run.sh: the quickstart. Builds the agent and the fake SGLang, serves a small model
+# directory on a loopback port, then shows the main job: plan → apply (the download with
+# its progress bar, then the server launched from it) → a no-op plan (the weights
+# confirmed from the download's manifest, not read again) → a changed flag → a verified
+# relaunch → status, and ends with agent destroy (unless KEEP=1): a verified stop, never a
+# kill by hand. Needs Go, nothing else: no GPU, Incus or network.
 set -eu
 cd "$(dirname "$0")/../.."
 root=${QUICKSTART_ROOT:-/tmp/agent-quickstart}
@@ -14,14 +16,19 @@ export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 go build -o bin/agent .
 go build -o bin/fake-sglang ./internal/fakesglang
 fake="$(pwd)/bin/fake-sglang"
-agent() { bin/agent "$@" --state-dir "$state" -var root="$root" -var fake_sglang="$fake" -var port="${QUICKSTART_PORT:-30123}"; }
+# The model server: 1 MiB/s per response, so that the 16 MiB of weights take a few seconds
+# and the progress bar has something to show. It stops when this script ends.
+. examples/quickstart/model.sh
+quickstart_model "$root" 1048576
+trap 'kill "$model_pid" 2>/dev/null || true' EXIT
+agent() { bin/agent "$@" --state-dir "$state" -var root="$root" -var fake_sglang="$fake" -var model_url="$model_url" -var port="${QUICKSTART_PORT:-30123}"; }
 step() { printf '\n\033[1m$ agent %s\033[0m\n' "$*"; }
 
 step plan examples/quickstart
 agent plan examples/quickstart || [ $? -eq 2 ]
 step apply examples/quickstart
 agent apply examples/quickstart
-step "plan examples/quickstart   # converged: nothing to do, exit 0"
+step "plan examples/quickstart   # converged: the weights confirmed from the manifest, not read; exit 0"
 agent plan examples/quickstart
 step "plan examples/quickstart -var mem_fraction=0.8   # one flag changed"
 agent plan examples/quickstart -var mem_fraction=0.8 || [ $? -eq 2 ]

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -84,8 +85,9 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 	}()
 
 	vars := []string{"--state-dir", filepath.Join(root, "state"), "-var", "metrics_listen=" + listen,
-		"-var", "root=" + root, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port)}
-	cmd := exec.Command(agentBin, append([]string{"run", "quickstart.hcl", "--interval", "1s"}, vars...)...)
+		"-var", "root=" + root, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port),
+		"-var", "model_url=" + testbin.QuickstartModel(t).URL}
+	cmd := exec.Command(agentBin, append([]string{"run", "quickstart.hcl", "--interval", "1s", "--log-level", "debug"}, vars...)...)
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
 	logf, _ := os.Create(filepath.Join(root, "agent.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -122,7 +124,7 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 		}
 	}
 	waitNote("READY=1")                                    // the service is up; the first reconciles run
-	waitNote("STATUS=3 resources: 3 converged, 0 failing") // and are done
+	waitNote("STATUS=2 resources: 2 converged, 0 failing") // and are done
 	first, err := readRecord(record)
 	if err != nil || !alive(first.PID) || first.Generation != 1 {
 		t.Fatalf("after the first pass: %+v, %v", first, err)
@@ -212,7 +214,24 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 		t.Errorf("the server (PID %d) did not survive the agent's stop", second.PID)
 	}
 	// The step in flight at SIGTERM was finished, not interrupted.
-	if b, _ := os.ReadFile(filepath.Join(root, "agent.log")); strings.Contains(string(b), "interrupted") {
+	b, _ := os.ReadFile(filepath.Join(root, "agent.log"))
+	if strings.Contains(string(b), "interrupted") {
 		t.Errorf("a step was interrupted by SIGTERM:\n%s", b)
+	}
+	// The log explains itself (issue 17): its first line says what runs, and the
+	// relaunch says why (the process is gone), not only that it happened.
+	start := regexp.MustCompile(`^time=\S+ level=INFO msg="agent run starting" version=dev pid=` + strconv.Itoa(cmd.Process.Pid) +
+		` plan=quickstart.hcl plan_files=quickstart.hcl resources=2 state_dir=` + regexp.QuoteMeta(filepath.Join(root, "state")) +
+		` parallelism=4 interval=1s listen=` + regexp.QuoteMeta(listen) + ` prune=false servers_in_systemd_units=(true|false)\n`)
+	if !start.Match(b) {
+		t.Errorf("the log does not start with the start line:\n%s", b)
+	}
+	relaunch := fmt.Sprintf(`msg=applying resource=server.qwen action=restart changes="process: pid %d (generation 1) is gone → a new generation (restart: gone; relaunch)"`, first.PID)
+	if !strings.Contains(string(b), relaunch) {
+		t.Errorf("the log does not say why the server was relaunched (want %s):\n%s", relaunch, b)
+	}
+	// --log-level debug reaches the loop: each observation with its verdict.
+	if !regexp.MustCompile(`level=DEBUG msg=reconciled resource=server\.qwen took=\S+ observed=no-op applied=false`).Match(b) {
+		t.Errorf("agent run --log-level debug logged no observation of server.qwen:\n%s", b)
 	}
 }

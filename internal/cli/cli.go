@@ -61,7 +61,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --no-destructive     refuse restarts, replacements and deletions (apply)
   --allow-delete-all   let an apply delete every server the agent manages when the plan keeps none
   --smoke              run each server's smoke test now (status; a real completion on the server)
-  --log-level LEVEL    debug, info, warn (default), error; logs go to stderr
+  --log-level LEVEL    debug, info, warn (default; info for run), error; logs go to stderr
 
 Docs: docs/plan-language.md, docs/architecture.md.
 `

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/daemon"
+	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -50,6 +52,8 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) int {
 		LockTimeout: o.lockTimeout,
 		Engine:      agent.Options{Parallelism: o.parallelism, HostOverride: o.hostOverride, NoDestructive: o.noDestructive, Targets: o.targets, Orphans: agent.OrphansByPlan},
 		Log:         log,
+		Version:     Version,
+		StartAttrs:  []slog.Attr{slog.Bool("servers_in_systemd_units", lifecycle.ServersInUnits())},
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "agent run: %v\n", err)

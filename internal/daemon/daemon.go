@@ -93,6 +93,13 @@ type Config struct {
 	// BackoffMin, BackoffMax, Stable and StuckGrace tune the loop (the Default* values
 	// when zero); tests shorten them.
 	BackoffMin, BackoffMax, Stable, StuckGrace time.Duration
+	// StopProgress is how often a stop that waits for a server to exit is logged
+	// (DefaultStopProgress when zero).
+	StopProgress time.Duration
+	// Version is the agent's version, for the start line; StartAttrs are what the caller
+	// adds to it (whether servers run in systemd units: the loop knows no kind).
+	Version    string
+	StartAttrs []slog.Attr
 }
 
 // Daemon is a running reconcile loop.
@@ -184,6 +191,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// renewed on each reload: an error may quote a secret, and the log is the journal.
 	d.redact = agent.NewRedactingHandler(d.log.Handler(), nil)
 	d.log = slog.New(d.redact)
+	if d.debugOn() {
+		d.queue.trace = d.traceQueue
+	}
 	if d.notify == nil {
 		d.notify = sdnotify.FromEnv()
 	}
@@ -208,6 +218,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer srv.Close()
+	d.logStart(addr)
 	if cfg.Ready != nil {
 		cfg.Ready(addr)
 	}
@@ -268,6 +279,11 @@ func Run(ctx context.Context, cfg Config) error {
 		d.notify.Reloading()
 		if err := d.reload(); err != nil {
 			d.log.Error("the new plan is invalid; the last good plan keeps running", "error", err)
+		} else {
+			d.mu.Lock()
+			n := len(d.eng.Addrs())
+			d.mu.Unlock()
+			d.log.Info("plan loaded", "plan", cfg.PlanPath, "resources", n)
 		}
 		d.notify.Ready(d.summaryLine())
 	}

@@ -18,6 +18,9 @@ type workQueue struct {
 	processing map[string]bool
 	timers     map[string]*time.Timer
 	down       bool
+	// trace, when set, hears what each Add and AddAfter did (the --log-level debug
+	// lines); it is called without the queue's lock.
+	trace func(addr, what string, after time.Duration)
 }
 
 func newWorkQueue() *workQueue {
@@ -29,29 +32,47 @@ func newWorkQueue() *workQueue {
 // Add queues addr now.
 func (q *workQueue) Add(addr string) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.down || q.dirty[addr] {
-		return
+	what := q.add(addr)
+	trace := q.trace
+	q.mu.Unlock()
+	if trace != nil && what != "" {
+		trace(addr, what, 0)
+	}
+}
+
+// add is Add under q.mu; it says what it did.
+func (q *workQueue) add(addr string) string {
+	switch {
+	case q.down:
+		return ""
+	case q.dirty[addr]:
+		return "already queued"
 	}
 	q.dirty[addr] = true
 	if q.processing[addr] {
-		return // queued again after Done
+		return "queued again: once its reconcile in flight ends" // after Done
 	}
 	q.items = append(q.items, addr)
 	q.cond.Signal()
+	return "queued"
 }
 
 // AddAfter queues addr after d, replacing its earlier timer.
 func (q *workQueue) AddAfter(addr string, d time.Duration) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.down {
+		q.mu.Unlock()
 		return
 	}
 	if t := q.timers[addr]; t != nil {
 		t.Stop()
 	}
 	q.timers[addr] = time.AfterFunc(d, func() { q.Add(addr) })
+	trace := q.trace
+	q.mu.Unlock()
+	if trace != nil {
+		trace(addr, "next reconcile scheduled", d)
+	}
 }
 
 // Forget stops addr's timer (the resource left the plan).

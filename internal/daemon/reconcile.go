@@ -133,6 +133,11 @@ func (d *Daemon) process(addr string) {
 		}
 		var prev *WaitingError
 		changed := rs.step == nil || !errors.As(rs.step.Err, &prev) || *prev != *w
+		if w.Cause != "" {
+			d.log.Debug("waiting for a dependency", "resource", addr, "dependency", w.Dep, "cause", w.Cause)
+		} else {
+			d.log.Debug("waiting for a dependency", "resource", addr, "dependency", w.Dep)
+		}
 		rs.step, rs.converged, rs.gen = &agent.Step{Addr: addr, Err: w}, false, gen
 		d.mu.Unlock()
 		d.publish()
@@ -163,6 +168,8 @@ func (d *Daemon) process(addr string) {
 		rs.converged = false
 		rs.step = &agent.Step{Addr: addr, Diff: lastDiff(rs), Err: fmt.Errorf("%s: %w (%d failures, next try in %s): last error: %s",
 			addr, ErrBackoff, rs.failures, time.Until(rs.until).Round(100*time.Millisecond), lastFailure(rs))}
+		d.log.Debug("backing off: not acting before the next try", "resource", addr, "failures", rs.failures,
+			"next_try_in", time.Until(rs.until).Round(time.Millisecond).String())
 		d.queue.AddAfter(addr, time.Until(rs.until))
 		d.mu.Unlock()
 		d.publish()
@@ -171,8 +178,11 @@ func (d *Daemon) process(addr string) {
 	rs.inFlight, rs.phase, rs.phaseStart, rs.phaseLimit = true, "", now, 0
 	d.mu.Unlock()
 
-	ctx := agent.WithPhase(d.work, d.notePhase)
+	ctx := d.withStopProgress(agent.WithPhase(d.work, d.notePhase), addr)
 	st := eng.Reconcile(ctx, addr)
+	if d.debugOn() {
+		d.log.Debug("reconciled", append([]any{"resource", addr}, verdict(st)...)...)
+	}
 	d.finish(eng, gen, addr, rs, st, now)
 }
 
@@ -189,6 +199,7 @@ func (d *Daemon) terminalHeld(eng *agent.Engine, gen int, addr string, rs *resSt
 	if rs.holdSeen == "" {
 		rs.holdSeen = seen
 	}
+	d.log.Debug("observed under a terminal error", "resource", addr, "host_changed", seen != rs.holdSeen)
 	if seen != rs.holdSeen {
 		d.log.Info("the host changed under a terminal error; trying again", "resource", addr)
 		rs.terminal, rs.holdSeen, rs.failures, rs.until = false, "", 0, time.Time{}
@@ -312,12 +323,18 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 				d.addFailure(rs, now, fmt.Sprintf("%s: needed a %s %s after it was verified%s", addr, st.Diff.Action,
 					after.Round(100*time.Millisecond), warnings(st.Diff)))
 				d.metrics.failures.WithLabelValues(addr).Inc()
+				d.log.Warn("crash loop: repaired again soon after it was verified; its next repair waits", "resource", addr,
+					"verified_for", after.Round(100*time.Millisecond).String(), "failures", rs.failures,
+					"wait", time.Until(rs.until).Round(time.Millisecond).String())
 			}
 		}
 		if st.Applied || rs.verified.IsZero() {
 			rs.verified = now // a new generation: its stable period starts
 		}
 		if now.Sub(rs.verified) >= stable {
+			if rs.failures > 0 {
+				d.log.Debug("stable: the failure count and backoff reset", "resource", addr, "failures", rs.failures)
+			}
 			rs.failures = 0
 		}
 		if !st.Applied || rs.until.Before(now) {
@@ -373,6 +390,11 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 		seen = agent.NoChange()
 	}
 	sst := eng.StatusOf(agent.WithPhase(d.work, d.notePhase), addr, seen)
+	if sst.Status != nil {
+		d.log.Debug("status observed", "resource", addr, "healthy", sst.Status.Healthy, "summary", sst.Status.Summary)
+	} else if sst.Err != nil {
+		d.log.Debug("status observed", "resource", addr, "error", sst.Err)
+	}
 	d.mu.Lock()
 	rs.status = sst
 	rs.inFlight, rs.phase = false, ""
@@ -432,6 +454,7 @@ func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState)
 	id := rs.watchID
 	rs.watchCancel = cancel
 	go func() {
+		d.log.Debug("watching for changes", "resource", addr)
 		err := eng.Watch(ctx, addr)
 		if ctx.Err() != nil {
 			return
@@ -444,7 +467,10 @@ func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState)
 		cancel()
 		if !mine || err != nil {
 			d.mu.Unlock()
-			if err != nil && !errors.Is(err, agent.ErrNothingToWatch) {
+			switch {
+			case errors.Is(err, agent.ErrNothingToWatch):
+				d.log.Debug("nothing to watch; observed at each resync", "resource", addr)
+			case err != nil:
 				d.log.Debug("watch failed; the resync interval still applies", "resource", addr, "error", err)
 			}
 			return

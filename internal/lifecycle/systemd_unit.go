@@ -37,6 +37,11 @@ func systemdRuns() bool {
 	return err == nil && fi.IsDir()
 }
 
+// ServersInUnits reports whether servers launched on this host go to transient systemd
+// units of their own (where systemd's API answers; else they run as the agent's
+// children): the reconcile loop's start line says which.
+func ServersInUnits() bool { return systemdRuns() }
+
 // unitName is a server generation's transient unit: unique per launch, readable in
 // `systemctl list-units 'agent-server-*'`.
 func unitName(log LogFile, now time.Time) string {

@@ -120,7 +120,7 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 	}
 
 	sendErr := fs.send(t, first, sig)
-	pending, waitErr := fs.waitGone(ctx, rep.Targets, timeout)
+	pending, waitErr := fs.waitGone(ctx, rep.Targets, timeout, t.Leader, sig)
 	for _, id := range rep.Targets {
 		if !slices.Contains(pending, id) {
 			rep.Exited = append(rep.Exited, id)
@@ -161,7 +161,7 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 		}
 		sendErr = errors.Join(sendErr, fs.send(t, victims, syscall.SIGKILL))
 		var left []Identity
-		left, waitErr = fs.waitGone(ctx, pending, killWait)
+		left, waitErr = fs.waitGone(ctx, pending, killWait, t.Leader, syscall.SIGKILL)
 		for _, id := range pending {
 			if !slices.Contains(left, id) {
 				rep.Killed = append(rep.Killed, id)
@@ -368,12 +368,15 @@ func (fs FS) send(t Target, set []Stat, sig syscall.Signal) error {
 
 // waitGone polls until every identity is gone, the wait d is over or ctx is
 // done, and returns those still alive. An identity whose state cannot be
-// read counts as alive: gone must be seen, not assumed.
-func (fs FS) waitGone(ctx context.Context, ids []Identity, d time.Duration) ([]Identity, error) {
+// read counts as alive: gone must be seen, not assumed. The context's
+// progress hook (WithStopProgress) hears of the wait after sig as it goes.
+func (fs FS) waitGone(ctx context.Context, ids []Identity, d time.Duration, leader Identity, sig syscall.Signal) ([]Identity, error) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
+	progress, report, stopProgress := progressTicker(ctx, leader, sig, d)
+	defer stopProgress()
 	pending := slices.Clone(ids)
 	for {
 		var lastErr error
@@ -396,6 +399,8 @@ func (fs FS) waitGone(ctx context.Context, ids []Identity, d time.Duration) ([]I
 			return pending, lastErr
 		case <-timer.C:
 			return pending, lastErr
+		case <-progress:
+			report(len(pending))
 		case <-tick.C:
 		}
 	}

@@ -132,6 +132,21 @@ func (w *slowWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// quickstartModel is what the quickstart's download puts under host: its model
+// directory (examples/quickstart/model) and the placeholder weights, path → content.
+func quickstartModel(t *testing.T, root, host string) map[string]string {
+	t.Helper()
+	out := map[string]string{filepath.Join(host, "models/Qwen3.6-27B/model.safetensors"): string(make([]byte, testbin.QuickstartWeightsSize))}
+	for _, name := range []string{"config.json", "tokenizer.json"} {
+		b, err := os.ReadFile(filepath.Join(root, "examples/quickstart/model", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[filepath.Join(host, "models/Qwen3.6-27B", name)] = string(b)
+	}
+	return out
+}
+
 func repoRoot(t *testing.T) string {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -198,7 +213,8 @@ func TestChaos(t *testing.T) {
 	srv := &blobServer{content: map[string][]byte{}, expect: map[string]int64{}}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
-	blobs := map[string]int{} // sha256 → epoch, for the in-place check
+	model := testbin.QuickstartModel(t) // the quickstart's model directory
+	blobs := map[string]int{}           // sha256 → epoch, for the in-place check
 	setEpoch := func(e int) {
 		b := blob(e)
 		srv.mu.Lock()
@@ -277,7 +293,7 @@ func TestChaos(t *testing.T) {
 		mem := []string{"0.85", "0.8"}[epoch%2]
 		a := []string{cmd, planDir, "--state-dir", state, "--log-level", "info",
 			"-var", "root=" + host, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port),
-			"-var", "mem_fraction=" + mem,
+			"-var", "mem_fraction=" + mem, "-var", "model_url=" + model.URL,
 			"-var", "blob_url=" + hs.URL + "/blob/" + strconv.Itoa(epoch),
 			"-var", "blob_sha256=" + sum(blob(epoch)), "-var", "blob_size=" + strconv.Itoa(blobSize)}
 		return append(a, extra...)
@@ -310,10 +326,7 @@ func TestChaos(t *testing.T) {
 
 	logDir := filepath.Join(host, "logs")
 	blobPath := filepath.Join(host, "blobs", "blob.bin")
-	declared := map[string]string{ // the quickstart's files: path → content
-		filepath.Join(host, "models/Qwen3.6-27B/config.json"):                      `{"architectures":["Qwen3NextForCausalLM"],"model_type":"qwen3_next","tie_word_embeddings":false}`,
-		filepath.Join(host, "models/Qwen3.6-27B/model-00001-of-00001.safetensors"): "placeholder weights: the quickstart serves no real model\n",
-	}
+	declared := quickstartModel(t, root, host) // the quickstart's downloaded files: path → content
 	// checkHost is what must hold after every kill.
 	checkHost := func() {
 		t.Helper()
@@ -322,7 +335,7 @@ func TestChaos(t *testing.T) {
 		}
 		for p, want := range declared {
 			if b, err := os.ReadFile(p); err == nil && string(b) != want {
-				fail("%s is in place with content %q, which the plan never declared", p, b)
+				fail("%s is in place with %d bytes that differ from the only content the plan declared", p, len(b))
 			}
 		}
 		if b, err := os.ReadFile(blobPath); err == nil {
@@ -383,7 +396,7 @@ func TestChaos(t *testing.T) {
 	// Files: all in place, verified.
 	for p, want := range declared {
 		if b, err := os.ReadFile(p); err != nil || string(b) != want {
-			fail("%s: %q, %v; want the declared content", p, b, err)
+			fail("%s: %d bytes, %v; want the declared content (%d bytes)", p, len(b), err, len(want))
 		}
 	}
 	if b, err := os.ReadFile(blobPath); err != nil || sum(b) != sum(blob(epoch)) {

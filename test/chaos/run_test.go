@@ -80,6 +80,7 @@ func TestChaosRun(t *testing.T) {
 	srv := &blobServer{content: map[string][]byte{}, expect: map[string]int64{}}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
+	model := testbin.QuickstartModel(t) // the quickstart's model directory
 	epoch := 0
 	setEpoch := func(e int) {
 		srv.mu.Lock()
@@ -145,7 +146,7 @@ func TestChaosRun(t *testing.T) {
 		mem := []string{"0.85", "0.8"}[epoch%2]
 		a := []string{cmd, planDir, "--state-dir", state, "--log-level", "info",
 			"-var", "root=" + host, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port),
-			"-var", "mem_fraction=" + mem, "-var", "metrics_listen=" + listen,
+			"-var", "mem_fraction=" + mem, "-var", "metrics_listen=" + listen, "-var", "model_url=" + model.URL,
 			"-var", "blob_url=" + hs.URL + "/blob/" + strconv.Itoa(epoch),
 			"-var", "blob_sha256=" + sum(blob(epoch)), "-var", "blob_size=" + strconv.Itoa(blobSize)}
 		return append(a, extra...)
@@ -220,7 +221,7 @@ func TestChaosRun(t *testing.T) {
 			doc = statusDoc{}
 			json.NewDecoder(resp.Body).Decode(&doc)
 			resp.Body.Close()
-			if doc.OK && len(doc.Resources) == 4 {
+			if doc.OK && len(doc.Resources) == 3 {
 				// Converged: every resource reconciled, verified, not down. (Not its
 				// health: the server's status runs its smoke test, which a loaded
 				// machine may time out now and then; that is not the loop's state.)
