@@ -345,3 +345,38 @@ func (r *Incus) WatchRemote(ctx context.Context, ns string, id proc.Identity, ev
 		}
 	}
 }
+
+// Namespace is the PID namespace of the processes Runner.Procs observes now (what
+// Started.NS says of a launch): "" for this host's; for an instance reached through
+// Incus only, the instance's (Incus.Namespace).
+func (l *Lifecycle) Namespace(ctx context.Context) (string, error) {
+	r, ok := l.Runner.(*Incus)
+	if !ok {
+		return "", nil
+	}
+	if remote, err := r.remote(ctx); err != nil || !remote {
+		return "", err
+	}
+	return r.Namespace(ctx)
+}
+
+// FindMarked returns the live session leaders inside the instance whose environment
+// holds marker, with the namespace their PIDs belong to: how a launch recorded only as
+// an intent (the agent stopped before recording its process) is found in remote mode.
+func (r *Incus) FindMarked(ctx context.Context, marker string) ([]proc.Stat, string, error) {
+	res, err := r.sh(ctx, listScript, "agent-ps", marker)
+	if err != nil {
+		if errors.Is(r.notRunning(ctx, err), ErrNotRunning) {
+			return nil, "", nil
+		}
+		return nil, "", err
+	}
+	all, marked := parseList(res.out)
+	var found []proc.Stat
+	for _, st := range all {
+		if marked[st.PID] && !st.Dead() && st.PID == st.Session {
+			found = append(found, st)
+		}
+	}
+	return found, res.ns, nil
+}
