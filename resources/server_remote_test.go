@@ -111,6 +111,14 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 		t.Fatalf("status: %v %+v", st.Err, st.Status)
 	}
 
+	// One look inside (an exec through the cluster), for the figures.
+	look := time.Now()
+	r := &lifecycle.Incus{Client: m2.Client, Instance: h.name, Remote: true}
+	if ok, err := r.ProcsIn(first.PIDNS).Alive(first.id()); err != nil || !ok {
+		t.Errorf("Alive(%v) inside = %v, %v", first.id(), ok, err)
+	}
+	t.Logf("one look inside took %s", time.Since(look).Round(time.Millisecond))
+
 	// The watch notices a kill inside within seconds; the reconcile relaunches.
 	eng := engine(true, "mem=0.85")
 	watched := make(chan error, 1)
@@ -129,9 +137,11 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 		if err != nil {
 			t.Fatalf("watch = %v", err)
 		}
-		if d := time.Since(killed); d > 5*time.Second {
+		d := time.Since(killed)
+		if d > 5*time.Second {
 			t.Errorf("the death was noticed after %s, want within a few seconds", d)
 		}
+		t.Logf("the death on the remote member was noticed after %s", d.Round(time.Millisecond))
 	case <-time.After(30 * time.Second):
 		t.Fatal("the watch did not notice the death on the remote member")
 	}
