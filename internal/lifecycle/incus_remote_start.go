@@ -199,9 +199,25 @@ func (r *Incus) pruneRemote(ctx context.Context, log LogFile) error {
 	return err
 }
 
-// mirrorDir is this agent process's private directory (0700, made once) holding the
-// copies of files read from instances in remote mode.
-var mirrorDir = sync.OnceValues(func() (string, error) { return os.MkdirTemp("", "agent-incus-files-") })
+// mirrorDir is the directory holding the copies of files read from instances in remote
+// mode: <tmp>/agent-incus-files-<euid>, mode 0700, shared by this user's agent
+// processes so that copies are overwritten rather than left behind by each `agent
+// status`. One that is not a directory of this user with mode 0700 (planted by another
+// user) is never used: a private directory of this process's replaces it.
+var mirrorDir = sync.OnceValues(func() (string, error) {
+	dir := filepath.Join(os.TempDir(), "agent-incus-files-"+strconv.Itoa(os.Geteuid()))
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || !fi.IsDir() || fi.Mode().Perm() != 0o700 || int(st.Uid) != os.Geteuid() {
+		return os.MkdirTemp("", "agent-incus-files-")
+	}
+	return dir, nil
+})
 
 // mirrorFresh is how long a copy serves before the next read pulls the file again:
 // a readiness wait looks at a growing log every DefaultPoll.
@@ -262,6 +278,13 @@ func (r *Incus) mirror(p string) (string, error) {
 		return local, nil
 	}
 	return "", fmt.Errorf("container %s: %s: too many levels of symbolic links", r.Instance, p)
+}
+
+// forgetCopy makes the next HostPath of p pull it again, however fresh its copy.
+func (r *Incus) forgetCopy(p string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pulled, path.Clean(p))
 }
 
 func (r *Incus) mirrorDirectory(ctx context.Context, dir, local string) error {

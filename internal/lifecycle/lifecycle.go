@@ -326,6 +326,9 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	case len(rep.Targets) > 0:
 		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
 	}
+	if r, ok := l.Runner.(*Incus); ok {
+		r.forgetCopy(x.LogPath) // the last lines, written as it died, not a copy of before
+	}
 	logPath := l.HostPath(x.LogPath)
 	if tail, err := Excerpt(logPath, TailLines); err == nil {
 		e.Tail = tail
