@@ -2,6 +2,7 @@ package resources
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -198,5 +199,44 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	// Logs beyond keep_logs are pruned inside; the current link points at generation 7.
 	if got := strings.TrimSpace(h.exec("readlink", "/var/log/agent/qwen.log")); got != "qwen.7.log" {
 		t.Errorf("qwen.log -> %q", got)
+	}
+
+	// An agent killed between the launch and its record left only the intent: the next
+	// run finds the launch inside by its marker and records it in its namespace.
+	seventh := h.record()
+	intent := seventh
+	intent.PID, intent.StartTicks, intent.PGID, intent.SID, intent.PIDNS = 0, 0, 0, 0, ""
+	intent.LaunchedAt, intent.ReadyAt, intent.VerifiedAt = time.Time{}, time.Time{}, time.Time{}
+	if err := h.store.Save("server.qwen", &serverRecord{Generation: 6, Pending: &intent}); err != nil {
+		t.Fatal(err)
+	}
+	if st := plan(); st.Err != nil {
+		t.Fatalf("plan with a pending launch: %v", st.Err)
+	}
+	if r := h.record(); r.Pending != nil || r.id() != seventh.id() || r.PIDNS != seventh.PIDNS {
+		t.Fatalf("the pending launch was recovered as %+v, want pid %d in %s", r, seventh.PID, seventh.PIDNS)
+	}
+	mustOK(t, apply())
+	if r := h.record(); r.id() != seventh.id() || r.VerifiedAt.IsZero() {
+		t.Fatalf("the recovered launch was not verified in place: %+v", r)
+	}
+
+	// The container restarts: its PID namespace is another, so the recorded PID is gone
+	// whatever runs under that number now, and the next apply relaunches.
+	if err := c.Client.Restart(ctx, h.name, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	h.exec("ip", "link", "set", "lo", "up")
+	gone := func(d *agent.Diff) bool {
+		return slices.ContainsFunc(d.Changes, func(c agent.Change) bool {
+			return c.Attr == "process" && strings.Contains(fmt.Sprint(c.Old), "is gone")
+		})
+	}
+	if st := plan(); st.Err != nil || st.Diff.Action != agent.Restart || !gone(st.Diff) {
+		t.Fatalf("plan after the container restarted: %v %+v", st.Err, st.Diff)
+	}
+	mustOK(t, apply())
+	if r := h.record(); r.Generation != 8 || r.PIDNS == seventh.PIDNS || !aliveInside(r) {
+		t.Fatalf("after the container restart: %+v (namespace was %s)", r, seventh.PIDNS)
 	}
 }

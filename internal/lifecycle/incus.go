@@ -43,6 +43,10 @@ import (
 //   - The agent reaches the server's port through Endpoints: a proxy device of the
 //     instance, or its global address (IncusEndpoint).
 //
+// That is for an instance on this host. One on another cluster member is reached
+// through the Incus API only (remote mode, incus_remote.go): the same launch, with its
+// processes observed and stopped inside by exec and its logs read through the file API.
+//
 // A zero Incus is not usable: set Client and Instance. It caches the instance's init
 // process (verified alive by PID and start time at each use); use one value per run.
 type Incus struct {
