@@ -204,3 +204,52 @@ func TestParseNSLine(t *testing.T) {
 		}
 	}
 }
+
+// The remote stop picks its set as proc.FS.Stop does: the leader, its group and session
+// while anchored by a member proved alive as itself, marker carriers and descendants;
+// never PID 1, and never a group whose anchor is gone (its number may be reused).
+func TestTargetSet(t *testing.T) {
+	t.Parallel()
+	st := func(pid, ppid, pgrp, sid int, ticks uint64) proc.Stat {
+		return proc.Stat{PID: pid, PPID: ppid, PGRP: pgrp, Session: sid, StartTicks: ticks, State: 'S'}
+	}
+	leader := proc.Identity{PID: 20, StartTicks: 100}
+	tg := proc.Target{Leader: leader, PGID: 20, SID: 20, Marker: "AGENT_SERVER=x"}
+	pids := func(set []proc.Stat) []int {
+		var out []int
+		for _, s := range set {
+			out = append(out, s.PID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	all := []proc.Stat{
+		st(1, 0, 1, 1, 1),       // init
+		st(20, 1, 20, 20, 100),  // the leader
+		st(21, 20, 20, 20, 101), // a child in its group
+		st(30, 1, 30, 30, 102),  // a child that left the session (marked)
+		st(31, 30, 30, 30, 103), // its child
+		st(40, 1, 40, 40, 50),   // a stranger
+		st(41, 1, 20, 20, 90),   // in the group, started before the leader: not ours
+	}
+	got := pids(targetSet(all, map[int]bool{30: true}, tg, nil))
+	if want := []int{20, 21, 30, 31}; !slices.Equal(got, want) {
+		t.Errorf("with the leader: %v, want %v", got, want)
+	}
+	// The leader gone: its group's number proves nothing; only the marker does.
+	noLeader := slices.DeleteFunc(slices.Clone(all), func(s proc.Stat) bool { return s.PID == 20 })
+	got = pids(targetSet(noLeader, map[int]bool{30: true}, tg, nil))
+	if want := []int{30, 31}; !slices.Equal(got, want) {
+		t.Errorf("without the leader: %v, want %v", got, want)
+	}
+	// A member proved earlier anchors the group again.
+	known := map[proc.Identity]proc.Stat{{PID: 21, StartTicks: 101}: all[2]}
+	got = pids(targetSet(noLeader, nil, tg, known))
+	if want := []int{21}; !slices.Equal(got, want) {
+		t.Errorf("anchored by a known member: %v, want %v", got, want)
+	}
+	// A marked PID 1 is never taken.
+	if got := pids(targetSet(all, map[int]bool{1: true}, proc.Target{Leader: proc.Identity{PID: 99}, Marker: "A=b"}, nil)); len(got) != 0 {
+		t.Errorf("init taken: %v", got)
+	}
+}
