@@ -83,9 +83,6 @@ func (s *Server) preflight(ctx context.Context, prev *serverRecord) (msg string,
 
 // heldBy reports whether pid belongs to the recorded server (its leader, group or session).
 func (s *Server) heldBy(rec *serverRecord, pid int) bool {
-	if rec.PIDNS != "" {
-		return false // PIDs of a container on another member: not this host's GPU processes
-	}
 	if pid == rec.PID {
 		return true
 	}

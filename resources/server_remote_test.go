@@ -239,4 +239,21 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	if r := h.record(); r.Generation != 8 || r.PIDNS == seventh.PIDNS || !aliveInside(r) {
 		t.Fatalf("after the container restart: %+v (namespace was %s)", r, seventh.PIDNS)
 	}
+
+	// State lost: the server running exactly the plan's command line is adopted, in its
+	// namespace, not restarted; a flag change then stops it, verified, and relaunches.
+	eighth := h.record()
+	if err := h.store.Delete("server.qwen"); err != nil {
+		t.Fatal(err)
+	}
+	if st := plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Fatalf("plan with the state lost: %v %+v", st.Err, st.Diff)
+	}
+	if r := h.record(); !r.Adopted || r.id() != eighth.id() || r.PIDNS != eighth.PIDNS {
+		t.Fatalf("adopted as %+v, want pid %d in %s", r, eighth.PID, eighth.PIDNS)
+	}
+	mustOK(t, apply("mem=0.85"))
+	if r := h.record(); r.Generation != 9 || r.Adopted || aliveInside(eighth) || !aliveInside(r) || len(markedInside(eighth.Marker)) > 0 {
+		t.Fatalf("after the relaunch of the adopted server: %+v", r)
+	}
 }
