@@ -256,4 +256,22 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	if r := h.record(); r.Generation != 9 || r.Adopted || aliveInside(eighth) || !aliveInside(r) || len(markedInside(eighth.Marker)) > 0 {
 		t.Fatalf("after the relaunch of the adopted server: %+v", r)
 	}
+
+	// The server leaves the plan: the orphan is stopped inside, verified, and its record
+	// removed.
+	ninth := h.record()
+	ctrOnly := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1)
+	vars := []string{"incus_socket=" + m2.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}
+	rep := testEngine(t, h.dir, ctrOnly, KindsFor(Host{GPU: a6000, IncusRemote: true}), h.store, agent.Options{StepTimeout: 2 * time.Minute, Orphans: agent.OrphansDelete, AllowDeleteAll: true}, vars...).Apply(ctx, nil)
+	for _, st := range rep.Steps {
+		if st.Err != nil {
+			t.Fatalf("%s: %v", st.Addr, st.Err)
+		}
+	}
+	if aliveInside(ninth) || len(markedInside(ninth.Marker)) > 0 {
+		t.Errorf("the orphan survived its stop: %v", markedInside(ninth.Marker))
+	}
+	if ok, _ := h.store.Has("server.qwen"); ok {
+		t.Error("the orphan's record is still there")
+	}
 }
