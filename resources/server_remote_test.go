@@ -24,7 +24,8 @@ import (
 // namespace; readiness, smoke test and status with its log; a kill inside noticed by
 // the watch within seconds and relaunched; a server that ignores SIGTERM, with
 // children in and out of its session, stopped with proof; a failed launch quoted from
-// its own log inside.
+// its own log inside; a pending launch found inside by its marker; a container restart
+// that makes the recorded PID gone; adoption after lost state; an orphan stopped.
 func TestServerInContainerOnRemoteMember(t *testing.T) {
 	c := incusCluster.Start(t)
 	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
