@@ -27,6 +27,11 @@ type Host struct {
 	// (the server resource implements it); nil: a driver change refuses to run while
 	// processes use the GPUs, and names them.
 	StopGPUServers GPUServerStopper
+	// IncusRemote makes servers in containers run as on another cluster member: their
+	// processes observed, stopped and watched inside through the Incus API only, their
+	// logs read through its file API (lifecycle.Incus.Remote). Tests set it: the test
+	// cluster's members share one host, where the runner would otherwise use /proc.
+	IncusRemote bool
 	// StateDir is where kinds keep caches and logs (the driver's installer and its log);
 	// "" means the plan's agent.state_dir, else /var/lib/agent.
 	StateDir string

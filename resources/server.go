@@ -434,14 +434,8 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 	if !inContainer {
 		return &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: h.Proc}, GPU: h.GPU}, nil
 	}
-	explicit := ""
-	if env != nil && env.Plan != nil {
-		explicit = env.Plan.Agent.IncusSocket
-	}
-	sock := incus.SocketPath(explicit)
-	cached, _ := s.clients.LoadOrStore(sock, incus.New(sock))
-	c := cached.(*incus.Client)
-	r := &lifecycle.Incus{Client: c, Instance: name, Proc: h.Proc}
+	r := s.incusRunner(env, name)
+	c := r.Client
 	lc := &lifecycle.Lifecycle{Runner: r, GPU: h.GPU}
 	if place != s.place || s.absent {
 		return lc, nil // observed and stopped only
@@ -531,6 +525,11 @@ type serverRecord struct {
 	User    string            `json:"user,omitempty"`
 	Home    string            `json:"home,omitempty"` // only when declared
 	Port    int               `json:"port,omitempty"`
+
+	// PIDNS names the PID namespace of PID, PGID and SID (lifecycle.Started.NS): ""
+	// for this host's (every record written before it existed), else that of the
+	// container, on another cluster member, the process runs in.
+	PIDNS string `json:"pid_ns,omitempty"`
 
 	// StoppedAt is when the agent stopped it for good (ensure = "absent", agent destroy):
 	// the record then only keeps its history (generation, log) for status and for the
@@ -720,11 +719,10 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 			return nil, err
 		}
 	}
-	// Host PIDs and start times, wherever the process runs.
-	hostProcs := s.host.Proc
+	// PIDs and start times in the namespace the record names (server_remote.go).
 	alive := false
 	if has {
-		if alive, err = hostProcs.Alive(rec.id()); err != nil {
+		if alive, err = s.recordProcs(env, &rec).Alive(rec.id()); err != nil {
 			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}
 	}
@@ -831,6 +829,9 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 			adopt.LogPath = ""
 		}
 		adopt.PID, adopt.StartTicks, adopt.Adopted = owner.PID, owner.StartTicks, true
+		if adopt.PIDNS, err = lc.Namespace(ctx); err != nil {
+			return nil, fmt.Errorf("adopt pid %d: %w", owner.PID, err)
+		}
 		if owner.PGRP == owner.PID {
 			adopt.PGID = owner.PGRP
 		}
@@ -1126,7 +1127,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			port = 0
 		}
 		s.markStopping(env, det.prev, true)
-		rep, err := plc.Stop(ctx, det.prev.target(), s.stopSignal, s.stopTimeout, port)
+		rep, err := plc.StopIn(ctx, det.prev.PIDNS, det.prev.target(), s.stopSignal, s.stopTimeout, port)
 		if err != nil {
 			s.markStopping(env, det.prev, false)
 			return fmt.Errorf("stop generation %d (pid %d): %w", det.prev.Generation, det.prev.PID, err)
@@ -1180,6 +1181,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 		OnStarted: func(x *lifecycle.Launched) error {
 			rec = want
 			rec.Generation, rec.PID, rec.StartTicks, rec.PGID, rec.SID = gen, x.ID.PID, x.ID.StartTicks, x.PGID, x.SID
+			rec.PIDNS = x.NS
 			rec.Marker, rec.LogPath, rec.LaunchedAt = marker, x.LogPath, x.LaunchedAt
 			env.Log.Info("launched", "generation", gen, "pid", x.ID.PID, "log", x.LogPath)
 			return env.State.Save(&rec)
@@ -1204,6 +1206,9 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 // the intent is void. It returns whether a record remains.
 func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, error) {
 	p := *rec.Pending
+	if found, err := s.recoverPendingRemote(env, rec); found || err != nil {
+		return rec.PID > 0, err
+	}
 	all, err := s.host.Proc.All()
 	if err != nil {
 		return false, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
@@ -1250,7 +1255,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if err != nil && !errors.Is(err, errNoEndpoint) {
 		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil
 	}
-	procs := lc.Runner.Procs()
+	procs := lc.ProcsIn(rec.PIDNS)
+	if rec.Place != s.place {
+		procs = s.recordProcs(env, &rec)
+	}
 	// Metrics are the numbers agent run exports as agent_server_<key>{name="<name>"}.
 	st := &agent.Status{Healthy: true, Metrics: map[string]float64{
 		"up": 0, "ready": 0, "generation": float64(rec.Generation), "restarts": float64(max(rec.Generation-1, 0)),

@@ -31,7 +31,7 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	}
 	running := false
 	if det.stop && det.prev != nil {
-		alive, aerr := s.host.Proc.Alive(det.prev.id())
+		alive, aerr := s.recordProcs(env, det.prev).Alive(det.prev.id())
 		running = aerr == nil && alive
 	}
 	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user}

@@ -97,7 +97,7 @@ func (s *Server) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 	if !has || !rec.StoppedAt.IsZero() {
 		return agent.NoChange(), nil
 	}
-	alive, err := s.host.Proc.Alive(rec.id())
+	alive, err := s.recordProcs(env, &rec).Alive(rec.id())
 	if err != nil {
 		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 	}
@@ -127,7 +127,7 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 	if err != nil {
 		return err
 	}
-	rep, err := lc.Stop(ctx, rec.target(), s.stopSignal, s.stopTimeout, rec.Port)
+	rep, err := lc.StopIn(ctx, rec.PIDNS, rec.target(), s.stopSignal, s.stopTimeout, rec.Port)
 	if err != nil {
 		return fmt.Errorf("stop generation %d (pid %d): %w", rec.Generation, rec.PID, err)
 	}
@@ -150,7 +150,7 @@ func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*age
 		st.Summary = "absent: nothing recorded, nothing launched by this agent"
 		return st, nil
 	case rec.StoppedAt.IsZero():
-		alive, err := s.host.Proc.Alive(rec.id())
+		alive, err := s.recordProcs(env, rec).Alive(rec.id())
 		if err != nil {
 			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}

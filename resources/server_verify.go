@@ -68,7 +68,7 @@ func (s *Server) verifyDiff(env *agent.Env, rec *serverRecord) *agent.Diff {
 // its own log.
 func (s *Server) verifyRecorded(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, rec *serverRecord) error {
 	x := &lifecycle.Launched{
-		Started:    lifecycle.Started{ID: rec.id(), PGID: rec.PGID, SID: rec.SID},
+		Started:    lifecycle.Started{ID: rec.id(), PGID: rec.PGID, SID: rec.SID, NS: rec.PIDNS},
 		Generation: rec.Generation, LogPath: rec.LogPath, LaunchedAt: rec.LaunchedAt,
 	}
 	if x.LaunchedAt.IsZero() {

@@ -28,7 +28,9 @@ const WatchProbeEvery = 5 * time.Second
 // the process by identity (PID and start time) through a pidfd, which the kernel makes
 // readable when that very process exits, whether it is the agent's child or not, so a
 // reused PID can never look alive. A server in a container is watched the same way: the
-// record holds its host PID, and the container's processes are the host's. With no
+// record holds its host PID, and the container's processes are the host's; one in a
+// container on another cluster member is looked at inside through Incus every
+// RemoteWatchEvery (server_remote.go). With no
 // recorded process (never launched, a launch in flight) there is nothing to watch.
 //
 // A server last observed ready that has a ready.http probe is also probed every
@@ -45,16 +47,16 @@ func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
 		return agent.ErrNothingToWatch
 	}
 	if s.ready.HTTP == "" || s.port <= 0 || !rec.UnreadySince.IsZero() || rec.Place != s.place {
-		return watchProcess(ctx, s.host.Proc, rec.id())
+		return s.watchRecord(ctx, env, &rec)
 	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil {
-		return watchProcess(ctx, s.host.Proc, rec.id())
+		return s.watchRecord(ctx, env, &rec)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	exited := make(chan error, 1)
-	go func() { exited <- watchProcess(ctx, s.host.Proc, rec.id()) }()
+	go func() { exited <- s.watchRecord(ctx, env, &rec) }()
 	t := time.NewTicker(WatchProbeEvery)
 	defer t.Stop()
 	for {

@@ -110,3 +110,21 @@ func parseFileHeaders(h http.Header) (FileInfo, error) {
 	}
 	return info, nil
 }
+
+// ListFiles returns the names of the entries of a directory inside the instance. A
+// missing directory is a 404 *Error (see IsNotFound).
+func (c *Client) ListFiles(ctx context.Context, instance, dir string) ([]string, error) {
+	var names []string
+	r := filesRequest(http.MethodGet, instance, dir)
+	resp, hdr, err := c.do(ctx, r)
+	if err != nil {
+		return nil, fmt.Errorf("list %s in %s: %w", dir, instance, err)
+	}
+	if t := hdr.Get("X-Incus-Type"); t != "" && t != "directory" {
+		return nil, fmt.Errorf("incus: list %s in %s: not a directory (%s)", dir, instance, t)
+	}
+	if err := resp.metadata(&names); err != nil {
+		return nil, fmt.Errorf("incus: list %s in %s: %w", dir, instance, err)
+	}
+	return names, nil
+}

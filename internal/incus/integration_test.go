@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -198,6 +199,20 @@ func TestIntegrationLifecycle(t *testing.T) {
 		}
 		if _, _, err := c.PullFile(ctx, name, "/no/such/file"); !incus.IsNotFound(err) {
 			t.Errorf("pull missing file: got %v, want 404", err)
+		}
+		// A directory lists its entries; pulled, it says it is one.
+		names, err := c.ListFiles(ctx, name, "/root")
+		if err != nil || !slices.Contains(names, "pushed.conf") {
+			t.Errorf("list /root: %q %v", names, err)
+		}
+		if _, info, err := c.PullFile(ctx, name, "/root"); err == nil || info.Type != "directory" {
+			t.Errorf("pull a directory: %+v %v, want an error and type directory", info, err)
+		}
+		if _, err := c.ListFiles(ctx, name, "/root/pushed.conf"); err == nil {
+			t.Error("a file listed as a directory")
+		}
+		if _, err := c.ListFiles(ctx, name, "/no/such/dir"); !incus.IsNotFound(err) {
+			t.Errorf("list a missing directory: got %v, want 404", err)
 		}
 	})
 

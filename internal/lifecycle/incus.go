@@ -43,6 +43,10 @@ import (
 //   - The agent reaches the server's port through Endpoints: a proxy device of the
 //     instance, or its global address (IncusEndpoint).
 //
+// That is for an instance on this host. One on another cluster member is reached
+// through the Incus API only (remote mode, incus_remote.go): the same launch, with its
+// processes observed and stopped inside by exec and its logs read through the file API.
+//
 // A zero Incus is not usable: set Client and Instance. It caches the instance's init
 // process (verified alive by PID and start time at each use); use one value per run.
 type Incus struct {
@@ -55,9 +59,16 @@ type Incus struct {
 	Endpoints map[int]string
 	// Timeout bounds each Incus request made without a deadline (10 s when zero).
 	Timeout time.Duration
+	// Remote makes the runner work through the Incus API only, as it does for an
+	// instance on another cluster member (incus_remote.go), also for one on this
+	// host: the test cluster's members share one host. Left false, the runner decides
+	// per instance.
+	Remote bool
 
-	mu   sync.Mutex
-	init proc.Identity
+	mu     sync.Mutex
+	init   proc.Identity
+	mode   int                  // modeLocal, modeRemote; 0: not decided yet
+	pulled map[string]time.Time // remote mode: when each file was last copied
 }
 
 var _ Runner = (*Incus)(nil)
@@ -74,8 +85,16 @@ func IncusPlace(name string) string { return "container " + name }
 // Endpoint is the address from Endpoints; "" when the port is not reachable.
 func (r *Incus) Endpoint(port int) string { return r.Endpoints[port] }
 
-// Procs is the host's /proc, with ports looked up in the instance's network namespace.
-func (r *Incus) Procs() Procs { return incusProcs{FS: r.Proc, r: r} }
+// Procs is what a launch of now is observed and stopped with: the host's /proc, with
+// ports looked up in the instance's network namespace; in remote mode, the instance's
+// own /proc through exec, in whatever namespace it has at each look. A record's PIDs
+// are read with ProcsIn(its namespace).
+func (r *Incus) Procs() Procs {
+	if remote, err := r.remote(context.Background()); err == nil && remote {
+		return remoteProcs{r: r}
+	}
+	return incusProcs{FS: r.Proc, r: r}
+}
 
 func (r *Incus) timeout() time.Duration {
 	if r.Timeout > 0 {
@@ -132,9 +151,19 @@ func (r *Incus) procRoot() string {
 // Symlinks inside are resolved by the host's kernel from that directory: a relative
 // link stays inside, an absolute one resolves against the host's root. The agent's
 // own links (<name>.log) are relative.
+//
+// In remote mode it is a copy of the file, pulled through the Incus file API at the
+// call (see mirror): a reader of a growing log asks again for each look.
 func (r *Incus) HostPath(p string) (string, error) {
 	if !path.IsAbs(p) {
 		return "", fmt.Errorf("container %s: %q is not an absolute path", r.Instance, p)
+	}
+	remote, err := r.remote(context.Background())
+	if err != nil && !incus.IsNotFound(err) {
+		return "", err
+	}
+	if remote {
+		return r.mirror(p)
 	}
 	init, err := r.Init(context.Background())
 	if err != nil {
@@ -206,9 +235,15 @@ func (r *Incus) Start(ctx context.Context, s Spec, log LogFile) (*Started, error
 			return nil, fmt.Errorf("start: bad environment variable name %q", k)
 		}
 	}
-	init, err := r.Init(ctx)
+	remote, err := r.remote(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("start: %w", err)
+		return nil, fmt.Errorf("start: %w", r.notRunning(ctx, err))
+	}
+	var init proc.Identity
+	if !remote {
+		if init, err = r.Init(ctx); err != nil {
+			return nil, fmt.Errorf("start: %w", err)
+		}
 	}
 	home, uid, gid := "/root", uint32(0), uint32(0)
 	if s.User != "" {
@@ -249,6 +284,9 @@ func (r *Incus) Start(ctx context.Context, s Spec, log LogFile) (*Started, error
 	nsPID, err := strconv.Atoi(strings.TrimSpace(lastLine(res.Stdout)))
 	if err != nil || nsPID <= 0 {
 		return nil, fmt.Errorf("start in container %s: the launch printed %q, not a PID (stderr %q)", r.Instance, res.Stdout, res.Stderr)
+	}
+	if remote {
+		return r.startRemote(ctx, nsPID, tag, log)
 	}
 	id, st, err := r.identify(ctx, init, nsPID, tag)
 	if err != nil {

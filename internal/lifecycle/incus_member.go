@@ -17,7 +17,9 @@ var errElsewhere = errors.New("the instance's processes are not on this host")
 // instance's LXC cgroup (lxc.payload.NAME, or lxc.payload.PROJECT_NAME). Incus reports
 // the init PID in the namespace of the host the instance runs on; on an Incus cluster
 // that is the member holding it, and the same number on this host is some unrelated
-// process that must never be observed or signalled as the server's. A procfs without
+// process that must never be observed or signalled as the server's. The runner uses
+// this host's /proc only for an instance Incus places on this member (Incus.remote);
+// this proof catches a placement that says so wrongly. A procfs without
 // cgroup files (a test's fake) proves nothing either way and is let through.
 func (r *Incus) checkInit(pid int) error {
 	data, err := os.ReadFile(r.procRoot() + "/" + strconv.Itoa(pid) + "/cgroup")
@@ -30,7 +32,7 @@ func (r *Incus) checkInit(pid int) error {
 	if inInstanceCgroup(data, r.Instance) {
 		return nil
 	}
-	return fmt.Errorf("container %s: Incus says its init is pid %d, but that process on this host is not in the instance's cgroup (lxc.payload.%s): the instance runs on another cluster member, whose processes only an agent on that member can observe and stop (docs/fleet.md): %w",
+	return fmt.Errorf("container %s: Incus says its init is pid %d, but that process on this host is not in the instance's cgroup (lxc.payload.%s): the instance runs elsewhere, though its location names the member of the agent's Incus socket; nothing was observed or signalled (docs/containers.md, \"Servers on another member\"): %w",
 		r.Instance, pid, r.Instance, errElsewhere)
 }
 

@@ -164,7 +164,7 @@ func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, err
 			// verified, before reporting. Its own context: the caller's may be spent.
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if _, serr := l.Stop(sctx, x.Target(o.Spec.Marker), syscall.SIGKILL, 5*time.Second, o.Port); serr != nil {
+			if _, serr := l.StopIn(sctx, x.NS, x.Target(o.Spec.Marker), syscall.SIGKILL, 5*time.Second, o.Port); serr != nil {
 				oerr = fmt.Errorf("%w; stopping the unrecorded process failed too: %w", oerr, serr)
 			} else {
 				oerr = fmt.Errorf("%w; the process could not be recorded, so it was stopped, verified gone", oerr)
@@ -239,11 +239,14 @@ func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions)
 	defer deadline.Stop()
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()
-	logPath := l.HostPath(x.LogPath)
-	watch := &lineWatch{path: logPath, want: o.Ready.LogLine}
-	procs := l.Runner.Procs()
+	watch := &lineWatch{want: o.Ready.LogLine}
+	procs := l.ProcsIn(x.NS)
 	var grown, httpOK, lineOK bool
 	for {
+		// Mapped at each look: in a container reached only through Incus, the path is
+		// a copy of the log as it is now (Incus.HostPath).
+		logPath := l.HostPath(x.LogPath)
+		watch.path = logPath
 		select {
 		case <-x.Exited:
 			return l.exitReason(x)
@@ -316,12 +319,15 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	// nearly spent by the readiness wait.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := l.Stop(ctx, x.Target(o.Spec.Marker), syscall.SIGTERM, 5*time.Second, o.Port)
+	rep, err := l.StopIn(ctx, x.NS, x.Target(o.Spec.Marker), syscall.SIGTERM, 5*time.Second, o.Port)
 	switch {
 	case err != nil:
 		e.Stopped = "stopping its leftovers failed: " + err.Error()
 	case len(rep.Targets) > 0:
 		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
+	}
+	if r, ok := l.Runner.(*Incus); ok {
+		r.forgetCopy(x.LogPath) // the last lines, written as it died, not a copy of before
 	}
 	logPath := l.HostPath(x.LogPath)
 	if tail, err := Excerpt(logPath, TailLines); err == nil {
@@ -396,8 +402,35 @@ var ErrStop = errors.New("stop not verified")
 // group, escalation to SIGKILL, PID and start time checked), then port free (when
 // port > 0), then none of the stopped PIDs holding GPU memory.
 func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
-	procs := l.Runner.Procs()
-	unit := unitOfTarget(procs, t) // systemd_unit.go
+	return l.stop(ctx, l.Runner.Procs(), false, t, sig, timeout, port)
+}
+
+// StopIn is Stop of a target whose PIDs belong to the PID namespace ns (Started.NS): a
+// recorded launch, stopped in the namespace it was recorded in. Processes of another
+// namespace than this host's have no systemd unit here and their GPU memory is not
+// this host's to observe: the proof there is the processes gone and the port free.
+func (l *Lifecycle) StopIn(ctx context.Context, ns string, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
+	return l.stop(ctx, l.ProcsIn(ns), ns != "", t, sig, timeout, port)
+}
+
+// ProcsIn observes and stops processes whose PIDs belong to the PID namespace ns: the
+// runner's own processes for "" (this host's), unless the runner tells namespaces
+// apart (Incus.ProcsIn).
+func (l *Lifecycle) ProcsIn(ns string) Procs {
+	if r, ok := l.Runner.(interface{ ProcsIn(string) Procs }); ok {
+		return r.ProcsIn(ns)
+	}
+	return l.Runner.Procs()
+}
+
+func (l *Lifecycle) stop(ctx context.Context, procs Procs, foreign bool, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
+	if _, remote := procs.(remoteProcs); remote {
+		foreign = true // the instance's own PIDs, whichever namespace it has now
+	}
+	unit := ""
+	if !foreign {
+		unit = unitOfTarget(procs, t) // systemd_unit.go
+	}
 	rep, err := procs.Stop(ctx, t, sig, timeout)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrStop, err)
@@ -412,7 +445,7 @@ func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal,
 			return rep, fmt.Errorf("%w: %d processes stopped, but %w", ErrStop, len(rep.Targets), err)
 		}
 	}
-	if l.GPU != nil && len(rep.Targets) > 0 {
+	if l.GPU != nil && len(rep.Targets) > 0 && !foreign {
 		pids := make([]int, len(rep.Targets))
 		for i, id := range rep.Targets {
 			pids[i] = id.PID

@@ -34,9 +34,19 @@ func generations(dir, name string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return generationsOf(names, name), nil
+}
+
+// generationsOf picks the generation numbers out of a log directory's file names,
+// ascending.
+func generationsOf(names []string, name string) []int {
 	var gens []int
-	for _, e := range entries {
-		mid, ok := strings.CutPrefix(e.Name(), name+".")
+	for _, n := range names {
+		mid, ok := strings.CutPrefix(n, name+".")
 		if !ok {
 			continue
 		}
@@ -49,7 +59,7 @@ func generations(dir, name string) ([]int, error) {
 		}
 	}
 	slices.Sort(gens)
-	return gens, nil
+	return gens
 }
 
 // NextGeneration is the generation of the next launch: one above both the recorded

@@ -18,7 +18,7 @@ func (l *Lifecycle) settle(ctx context.Context, x *Launched, o LaunchOptions) st
 	defer end.Stop()
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()
-	procs := l.Runner.Procs()
+	procs := l.ProcsIn(x.NS)
 	died := func() string {
 		return fmt.Sprintf("%s, %.1f s after it answered ready (ready.settle %s)", l.exitReason(x), time.Since(x.ReadyAt).Seconds(), o.Ready.Settle)
 	}

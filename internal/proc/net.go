@@ -272,3 +272,8 @@ func (fs FS) portHeld(netPID, port int) (string, error) {
 	}
 	return "", nil
 }
+
+// ParseListening reads one /proc/net/tcp or tcp6 table (its header line first) and
+// returns the inodes of the sockets listening on port: for tables read elsewhere than
+// under a procfs root (inside a container, through its manager's API).
+func ParseListening(r io.Reader, port int) ([]uint64, error) { return parseListening(r, port) }

@@ -1,0 +1,103 @@
+package resources
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/proc"
+)
+
+// RemoteWatchEvery is how often the watch of a server in a container on another
+// cluster member looks at its process (an exec inside through Incus: no pidfd reaches
+// another kernel), so that its death is noticed within about this long.
+const RemoteWatchEvery = time.Second
+
+// incusRunner is the Incus runner of the instance name, through the plan's Incus
+// socket (one client per socket, shared by runs). Host.IncusRemote makes it work
+// through the Incus API only, as for an instance on another member.
+func (s *Server) incusRunner(env *agent.Env, name string) *lifecycle.Incus {
+	explicit := ""
+	if env != nil && env.Plan != nil {
+		explicit = env.Plan.Agent.IncusSocket
+	}
+	sock := incus.SocketPath(explicit)
+	cached, _ := s.clients.LoadOrStore(sock, incus.New(sock))
+	return &lifecycle.Incus{Client: cached.(*incus.Client), Instance: name, Proc: s.host.Proc, Remote: s.host.IncusRemote}
+}
+
+// recordProcs observes rec's processes in the PID namespace the record names: this
+// host's /proc for a host PID (every record written before namespaces were recorded
+// is one, and reads as it always did); inside rec's container, through Incus, for a
+// PID of a container on another member, where a container that restarted since holds
+// nothing of it.
+func (s *Server) recordProcs(env *agent.Env, rec *serverRecord) lifecycle.Procs {
+	name, ok := cutIncusPlace(rec.Place)
+	if rec.PIDNS == "" || !ok {
+		return s.host.Proc
+	}
+	return s.incusRunner(env, name).ProcsIn(rec.PIDNS)
+}
+
+// watchRecord blocks until rec's process exits (nil) or ctx ends: by pidfd for a host
+// PID (watchProcess), by a look inside every RemoteWatchEvery for a PID of a container
+// on another member.
+func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRecord) error {
+	name, ok := cutIncusPlace(rec.Place)
+	if rec.PIDNS == "" || !ok {
+		return watchProcess(ctx, s.host.Proc, rec.id())
+	}
+	return s.incusRunner(env, name).WatchRemote(ctx, rec.PIDNS, rec.id(), RemoteWatchEvery)
+}
+
+// cutIncusPlace is the instance name of a place "container NAME".
+func cutIncusPlace(place string) (string, bool) {
+	name, ok := strings.CutPrefix(place, lifecycle.IncusPlace(""))
+	return name, ok && name != ""
+}
+
+// recoverPendingRemote is recoverPending for a launch into a container the runner
+// reaches through Incus only: the marked session leader is looked for inside, and
+// recorded in the container's namespace. It reports whether it settled the pending
+// launch (false: the container is local, look on the host).
+func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, error) {
+	p := *rec.Pending
+	name, ok := cutIncusPlace(p.Place)
+	if !ok {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := s.incusRunner(env, name)
+	remote, err := r.IsRemote(ctx)
+	if incus.IsNotFound(err) || (err == nil && !remote) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("look for pending generation %d in container %s: %w", p.Generation, name, err)
+	}
+	found, ns, err := r.FindMarked(ctx, p.Marker)
+	if err != nil {
+		return false, fmt.Errorf("look for pending generation %d in container %s: %w", p.Generation, name, err)
+	}
+	if len(found) == 0 {
+		rec.Pending = nil
+		if rec.PID == 0 {
+			return true, env.State.Delete()
+		}
+		return true, env.State.Save(rec)
+	}
+	st := found[0]
+	p.PID, p.StartTicks, p.PGID, p.SID, p.PIDNS = st.PID, st.StartTicks, st.PGRP, st.Session, ns
+	if boot, err := r.ProcsIn(ns).BootTime(); err == nil {
+		p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
+	}
+	env.Log.Warn("adopting the launch of an agent that stopped before recording it",
+		"generation", p.Generation, "pid", p.PID, "container", name)
+	*rec = p
+	return true, env.State.Save(rec)
+}
