@@ -4,13 +4,15 @@
 // copy of the same build-and-cache code.
 //
 // The fake SGLang is built statically (CGO_ENABLED=0), so the same file runs on the
-// host and inside a busybox container. Binaries live in <tmp>/agent-testbin-<pid>; a
-// directory whose process is gone is removed by the next build, so test packages need no
-// TestMain to clean up after themselves.
+// host and inside a busybox container. Binaries live in a directory
+// <tmp>/agent-testbin-<random> whose lock file the test process holds (flock) while it
+// lives; the next build removes every directory whose lock nobody holds, so test
+// packages need no TestMain to clean up after themselves. A lock, not a PID: test
+// processes in other PID namespaces (CI's runners, `unshare -p`) share /tmp, and a PID
+// from one namespace says nothing in another.
 package testbin
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -21,6 +23,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The packages built.
@@ -67,9 +70,8 @@ func build(tb testing.TB, name, pkg string, env []string) string {
 }
 
 func compile(name, pkg string, env []string) result {
-	sweep()
-	dir := filepath.Join(os.TempDir(), "agent-testbin-"+strconv.Itoa(os.Getpid()))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := binDir()
+	if err != nil {
 		return result{err: err}
 	}
 	path := filepath.Join(dir, name)
@@ -81,17 +83,69 @@ func compile(name, pkg string, env []string) result {
 	return result{path: path}
 }
 
-// sweep removes the binaries of test processes that are gone.
+var (
+	dirOnce sync.Once
+	dirPath string
+	dirErr  error
+	// dirLock is the open lock file of this process's directory: open for the life
+	// of the process, so the flock on it lasts exactly as long.
+	dirLock *os.File
+)
+
+// lockName is the file in each binaries directory that its test process holds locked.
+const lockName = ".lock"
+
+// binDir returns this process's binaries directory, created (after a sweep) and locked
+// on first use.
+func binDir() (string, error) {
+	dirOnce.Do(func() {
+		sweep()
+		dir, err := os.MkdirTemp("", "agent-testbin-")
+		if err != nil {
+			dirErr = err
+			return
+		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			dirErr = err
+			return
+		}
+		f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_CREATE|os.O_RDWR, 0o644)
+		if err == nil {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+		}
+		if err != nil {
+			dirErr = fmt.Errorf("lock %s: %w", dir, err)
+			return
+		}
+		dirPath, dirLock = dir, f
+	})
+	return dirPath, dirErr
+}
+
+// staleUnlocked is how old a directory without a lock file (one being created, or left
+// by an older testbin) must be before sweep removes it.
+const staleUnlocked = 24 * time.Hour
+
+// sweep removes the binaries directories of test processes that are gone: those whose
+// lock file nobody holds. The exclusive lock sweep takes is released at once; a
+// directory being created has no lock file yet and is left alone unless it is old.
 func sweep() {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "agent-testbin-*"))
 	for _, d := range dirs {
-		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "agent-testbin-"))
-		if err != nil || pid == os.Getpid() {
+		if dirLock != nil && d == filepath.Dir(dirLock.Name()) {
+			continue // this process's own
+		}
+		f, err := os.Open(filepath.Join(d, lockName))
+		if err != nil {
+			if fi, serr := os.Stat(d); serr == nil && time.Since(fi.ModTime()) > staleUnlocked {
+				os.RemoveAll(d)
+			}
 			continue
 		}
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
 			os.RemoveAll(d)
 		}
+		f.Close()
 	}
 }
 

@@ -11,20 +11,56 @@ import (
 )
 
 func TestBuildsOnceAndSweepsDeadProcesses(t *testing.T) {
-	// A leftover of a test process that is gone (PID 2^22+1 does not exist). The first
-	// build sweeps; sweep is called here too, as with -count=N only the first run builds.
-	stale := filepath.Join(os.TempDir(), "agent-testbin-4194305")
-	os.MkdirAll(stale, 0o755)
+	// Leftovers in the shared temporary directory: a gone test process's directory (its
+	// lock file held by nobody), a live one's in another PID namespace (held by a child
+	// here, as that process would hold it), one being created (no lock file yet). The
+	// first build sweeps; sweep is called here too, as with -count=N only the first run
+	// builds.
+	mk := func(lock bool) string {
+		d, err := os.MkdirTemp("", "agent-testbin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		if lock {
+			if err := os.WriteFile(filepath.Join(d, lockName), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d
+	}
+	gone, live, creating := mk(true), mk(true), mk(false)
+	holder := exec.Command("flock", "--shared", filepath.Join(live, lockName), "sleep", "60")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	for i := 0; ; i++ { // flock(1) takes the lock after it starts
+		f, _ := os.Open(filepath.Join(live, lockName))
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		f.Close()
+		if err != nil {
+			break
+		}
+		if i == 100 {
+			t.Fatal("flock(1) never took the lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
 	a, b := FakeSGLang(t), FakeSGLang(t)
 	if a != b {
 		t.Errorf("built twice: %s, %s", a, b)
 	}
 	sweep()
-	if _, err := os.Stat(stale); !os.IsNotExist(err) {
-		t.Errorf("the dead process's directory was kept: %v", err)
-	}
-	if _, err := os.Stat(a); err != nil {
-		t.Errorf("sweep removed this process's own binaries: %v", err)
+	for _, c := range []struct {
+		dir  string
+		kept bool
+	}{{gone, false}, {live, true}, {creating, true}, {filepath.Dir(a), true}} {
+		_, err := os.Stat(c.dir)
+		if kept := err == nil; kept != c.kept {
+			t.Errorf("%s: kept = %v, want %v (%v)", c.dir, kept, c.kept, err)
+		}
 	}
 	out, _ := exec.Command(a, "--model-path", "m", "--bogus-flag").CombinedOutput()
 	if !strings.Contains(string(out), "unrecognized arguments: --bogus-flag") {
