@@ -5,7 +5,7 @@
 //
 // The fake SGLang is built statically (CGO_ENABLED=0), so the same file runs on the
 // host and inside a busybox container. Binaries live in a directory
-// <tmp>/agent-testbin-<random> whose lock file the test process holds (flock) while it
+// <tmp>/agent-testbin-<random>-locked whose lock file the test process holds (flock) while it
 // lives; the next build removes every directory whose lock nobody holds, so test
 // packages need no TestMain to clean up after themselves. A lock, not a PID: test
 // processes in other PID namespaces (CI's runners, `unshare -p`) share /tmp, and a PID
@@ -100,7 +100,7 @@ const lockName = ".lock"
 func binDir() (string, error) {
 	dirOnce.Do(func() {
 		sweep()
-		dir, err := os.MkdirTemp("", "agent-testbin-")
+		dir, err := os.MkdirTemp("", "agent-testbin-*-locked")
 		if err != nil {
 			dirErr = err
 			return
