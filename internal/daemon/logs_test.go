@@ -137,5 +137,5 @@ func TestLogExplainsStartRestartsStopsAndDebug(t *testing.T) {
 	want("nothing to watch", `level=DEBUG msg="nothing to watch; observed at each resync" resource=file\.after`)
 	want("dependency wait", `level=DEBUG msg="waiting for a dependency" resource=file\.after dependency=server\.qwen`)
 	want("status observation", `level=DEBUG msg="status observed" resource=server\.qwen healthy=true`)
-	want("backoff decision with its delay", `level=ERROR msg="resource failed" resource=file\.broken .* failures=1 retry_in=[0-9.]+s terminal=false`)
+	want("backoff decision with its delay", `level=ERROR msg="resource failed" resource=file\.broken .* failures=1 retry_in=(?:[0-9]+m)?[0-9.]+s terminal=false`)
 }
