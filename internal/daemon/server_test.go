@@ -149,7 +149,7 @@ func field(r *agent.JSONResource, name string) string {
 	}
 	for _, f := range r.Status.Fields {
 		if f.Name == name {
-			return f.Value
+			return f.Text
 		}
 	}
 	return ""
