@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -154,6 +155,9 @@ func TestSchemaRefusesWrongDocuments(t *testing.T) {
 		if err := json.Unmarshal(docs[m.doc], &d); err != nil {
 			t.Fatalf("%s: %v", m.doc, err)
 		}
+		if same, _ := json.Marshal(d); Validate(same) != nil {
+			t.Fatalf("%s: refused before any mutation: %v", m.doc, Validate(same))
+		}
 		m.edit(d)
 		b, _ := json.Marshal(d)
 		if err := Validate(b); err == nil {
@@ -189,5 +193,19 @@ func TestSchemaEnumsAreTheEngines(t *testing.T) {
 	}
 	if !strings.Contains(string(OutputV3), `"format_version": { "const": `+strconv.Quote(agent.FormatVersion)+` }`) {
 		t.Errorf("the schema is not the one of format_version %q", agent.FormatVersion)
+	}
+}
+
+// The validator is for tests: the agent binary does not link it (nor this package).
+func TestBinaryDoesNotLinkTheValidator(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "github.com/agent-dev/agent").Output()
+	if err != nil {
+		t.Skipf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.Contains(pkg, "jsonschema") || pkg == "github.com/agent-dev/agent/docs/schema" {
+			t.Errorf("the binary links %s", pkg)
+		}
 	}
 }
