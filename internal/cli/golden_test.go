@@ -64,11 +64,12 @@ func normalize(getenv func(string) string, text string) string {
 
 // What a --json document has besides: measured step times ("duration_ms": 12 → "DUR"),
 // and process ids as status field values ({"key": "pid", …, "value": 4242, "text":
-// "4242"} → "PID"), which the text rules above do not see; a quoted host name is
-// escaped in JSON strings.
+// "4242"} → "PID"), which the text rules above do not see; a quoted host name and an
+// access-log line's quote are escaped in JSON strings.
 var (
 	durationMSRE = regexp.MustCompile(`"duration_ms": \d+`)
 	pidFieldRE   = regexp.MustCompile(`("key": "(?:pid|[a-z_]+_pid)",\s*"name": "[^"]*",\s*"value": )\d+(,\s*"text": ")\d+`)
+	clientJSONRE = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - \\"`)
 )
 
 // normalizeJSON is normalize for a --json document: the same replacements, and those of
@@ -79,6 +80,7 @@ func normalizeJSON(getenv func(string) string, doc string) string {
 	}
 	doc = durationMSRE.ReplaceAllString(doc, `"duration_ms": "DUR"`)
 	doc = pidFieldRE.ReplaceAllString(doc, `${1}"PID"${2}PID`)
+	doc = clientJSONRE.ReplaceAllString(doc, `127.0.0.1:CLIENT - \"`)
 	return normalize(getenv, doc)
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -83,6 +84,20 @@ server "b" {
 }
 `
 
+// jsonFail has a file that cannot be written (its directory is a file) and one that
+// depends on it: a failed step and a skipped one.
+const jsonFail = `variable "root" {}
+file "blocked" {
+  path    = "${var.root}/motd/inside"
+  content = "x"
+}
+file "after" {
+  path       = "${var.root}/after"
+  content    = "y"
+  depends_on = [file.blocked]
+}
+`
+
 // jsonHost is guarded for another host.
 const jsonHost = `variable "root" {}
 host {
@@ -108,7 +123,7 @@ func TestJSONOutput(t *testing.T) {
 	t.Cleanup(func() { testbin.KillServers(dir) })
 	stateDir := filepath.Join(dir, "state")
 	port, listen := testbin.FreePort(t), "127.0.0.1:"+strconv.Itoa(testbin.FreePort(t))
-	for name, src := range map[string]string{"plan.hcl": jsonPlan, "bad.hcl": jsonBad, "host.hcl": jsonHost} {
+	for name, src := range map[string]string{"plan.hcl": jsonPlan, "bad.hcl": jsonBad, "host.hcl": jsonHost, "fail.hcl": jsonFail} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -159,6 +174,7 @@ func TestJSONOutput(t *testing.T) {
 	check("apply_create", 0, "apply", "plan.hcl", sd)
 	check("status", 0, "status", "plan.hcl", sd)
 	check("plan_restart", 2, "plan", "plan.hcl", sd, "-var", "token=hf_other_secret")
+	check("apply_failed", 1, "apply", "fail.hcl", "--state-dir="+filepath.Join(dir, "state-fail"))
 
 	// Another agent holds the lock.
 	store, err := state.Open(stateDir)
@@ -199,6 +215,19 @@ func TestJSONOutput(t *testing.T) {
 	}
 	stop()
 
+	// The server dies: status is degraded, and says what its log said last.
+	var rec struct {
+		PID int `json:"pid"`
+	}
+	if b, err := os.ReadFile(filepath.Join(stateDir, "resources", "server.qwen.json")); err != nil || json.Unmarshal(b, &rec) != nil || rec.PID == 0 {
+		t.Fatalf("no server record: %v", err)
+	}
+	syscall.Kill(rec.PID, syscall.SIGKILL)
+	for i := 0; i < 100 && syscall.Kill(rec.PID, 0) == nil && !zombie(rec.PID); i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	check("status_degraded", 3, "status", "plan.hcl", sd)
+
 	check("destroy", 0, "destroy", "plan.hcl", sd)
 }
 
@@ -212,7 +241,34 @@ func checkDocument(t *testing.T, name string, doc []byte, getenv func(string) st
 	if bytes.Contains(doc, []byte("hf_planted_secret")) || bytes.Contains(doc, []byte("hf_other_secret")) {
 		t.Errorf("%s: a secret in the document:\n%s", name, doc)
 	}
+	var d agent.JSONOutput
+	if err := json.Unmarshal(doc, &d); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	for _, r := range d.Resources {
+		if r.Status == nil {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, f := range r.Status.Fields {
+			if seen[f.Key] {
+				t.Errorf("%s: %s has two fields with the key %q", name, r.Address, f.Key)
+			}
+			seen[f.Key] = true
+		}
+	}
 	checkGolden(t, filepath.Join("json", name+".json"), normalizeJSON(getenv, string(doc)))
+}
+
+// zombie reports whether pid has exited and waits for its parent to reap it.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] == "Z"
 }
 
 // daemonStatus waits until agent run's /status says every resource converged (each
