@@ -1356,7 +1356,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
 		switch {
 		case err != nil:
-			field(agent.TextField("smoke_test", "smoke test", "no answer: "+err.Error()))
+			field(agent.TextField("smoke_test", "smoke test", "no answer").WithText("no answer: " + err.Error()))
 			problems = append(problems, "smoke test got no answer")
 		case r.OK:
 			field(agent.TextField("smoke_test", "smoke test", "passed").WithText(fmt.Sprintf("passed (repetition %.2f)", r.Repetition)))
