@@ -266,8 +266,8 @@ func (e *Engine) orphanStatus(ctx context.Context, st *Step) {
 		sum += "; agent apply will " + string(d.Action) + " it (agent run only with agent { prune = true })"
 	}
 	st.Status = &Status{Healthy: false, Summary: sum, Metrics: map[string]float64{"orphan": 1}}
-	for _, w := range d.Warnings {
-		st.Status.Fields = append(st.Status.Fields, Field{Name: "warning", Value: w})
+	for i, w := range d.Warnings {
+		st.Status.Fields = append(st.Status.Fields, TextField(fmt.Sprintf("warning[%d]", i+1), "warning", w))
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/agent-dev/agent/docs/schema"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -263,6 +264,9 @@ func TestTypedDiffRendering(t *testing.T) {
 	(&View{W: &human}).Plan(rep)
 	if err := WriteJSON(&js, JSON("plan", rep, &plans.Plan{}, NewRedactor([]string{"hunter22"}))); err != nil {
 		t.Fatal(err)
+	}
+	if err := schema.Validate(js.Bytes()); err != nil {
+		t.Errorf("the document breaks %s: %v", schema.OutputV3Name, err)
 	}
 	got := human.String() + "\n" + js.String()
 	golden := filepath.Join("testdata", "typed_diff.golden")

@@ -14,7 +14,7 @@ import (
 
 // FormatVersion is the version of the --json output schema (docs/json-output.md). It
 // changes only when a field changes meaning or disappears; new fields keep it.
-const FormatVersion = "2"
+const FormatVersion = "3"
 
 // Redactor replaces secret values in text that reaches people or machines. Per-attribute
 // Sensitive flags keep known secrets out of diffs; the redactor is the backstop for
@@ -313,7 +313,7 @@ func (v *View) Status(rep *Report) {
 			width = max(width, len(f.Name))
 		}
 		for _, f := range st.Status.Fields {
-			v.printf("      %-*s  %s\n", width, f.Name, f.Value)
+			v.printf("      %-*s  %s\n", width, f.Name, f.Text)
 		}
 	}
 	v.members(rep)
@@ -329,40 +329,100 @@ func (rep *Report) Degraded() bool {
 	return false
 }
 
-// JSONOutput is the --json document of plan, apply, status and validate.
+// JSONOutput is the --json document of plan, apply, status, destroy and validate
+// (docs/json-output.md, docs/schema/output-v3.json). Every field without omitempty is
+// always present, with an empty value when there is nothing to say; NewJSONOutput fills
+// them for a command.
 type JSONOutput struct {
-	FormatVersion string                 `json:"format_version"`
-	Command       string                 `json:"command"`
-	OK            bool                   `json:"ok"`
-	Summary       *Summary               `json:"summary,omitempty"`
-	Resources     []JSONResource         `json:"resources"`
-	Diagnostics   []plans.JSONDiagnostic `json:"diagnostics,omitempty"`
-	Error         string                 `json:"error,omitempty"`
-	// Rollouts are the plan's rollout groups (plan only): disruptions, and at most how
-	// many at a time.
-	Rollouts []RolloutSummary `json:"rollouts,omitempty"`
+	FormatVersion string `json:"format_version"`
+	Command       string `json:"command"`
+	OK            bool   `json:"ok"`
+	// Error is what failed before any resource ran (lock held, wrong host, an invalid
+	// plan); "" otherwise.
+	Error string `json:"error"`
+	// Summary counts resources per action: plan, apply and destroy only.
+	Summary     *Summary               `json:"summary,omitempty"`
+	Resources   []JSONResource         `json:"resources"`
+	Diagnostics []plans.JSONDiagnostic `json:"diagnostics"`
+	// Rollouts are the plan's rollout groups (plan only; [] when it has none):
+	// disruptions, and at most how many at a time.
+	Rollouts []RolloutSummary `json:"rollouts,omitzero"`
 	// StateDir is set by `agent run`'s /status, so `agent status` can tell whether the
 	// daemon answering manages the same host state.
 	StateDir string `json:"state_dir,omitempty"`
 }
 
-// JSONResource is one resource in JSONOutput.
+// NewJSONOutput is an empty document of command: every always-present field set, the
+// summary only for the commands that act (plan, apply, destroy), rollouts for plan.
+func NewJSONOutput(command string) *JSONOutput {
+	out := &JSONOutput{FormatVersion: FormatVersion, Command: command,
+		Resources: []JSONResource{}, Diagnostics: []plans.JSONDiagnostic{}}
+	if acts(command) {
+		out.Summary = &Summary{}
+	}
+	if command == "plan" {
+		out.Rollouts = []RolloutSummary{}
+	}
+	return out
+}
+
+// ErrorJSON is the document of a command that failed before any resource ran: lock held,
+// wrong host, state dir refused. msg must already be redacted.
+func ErrorJSON(command, msg string) *JSONOutput {
+	out := NewJSONOutput(command)
+	out.Error = msg
+	return out
+}
+
+// DiagnosticsJSON is the document of validate, or of a command whose plan is invalid:
+// ok when no diagnostic is an error.
+func DiagnosticsJSON(command string, diags []plans.JSONDiagnostic) *JSONOutput {
+	out := NewJSONOutput(command)
+	out.Diagnostics = append(out.Diagnostics, diags...)
+	errs := 0
+	for _, d := range diags {
+		if d.Severity == "error" {
+			errs++
+		}
+	}
+	out.OK = errs == 0
+	if errs > 0 {
+		noun := "errors"
+		if errs == 1 {
+			noun = "error"
+		}
+		out.Error = fmt.Sprintf("the plan is invalid: %d %s, listed in diagnostics", errs, noun)
+	}
+	return out
+}
+
+// acts reports whether command changes the host or plans to (it has a summary, and its
+// resources say whether they were applied).
+func acts(command string) bool {
+	return command == "plan" || command == "apply" || command == "destroy"
+}
+
+// JSONResource is one resource in JSONOutput. Applied is present for apply and destroy,
+// Status for status; every other field always.
 type JSONResource struct {
-	Address        string       `json:"address"`
-	Type           string       `json:"type"`
-	Name           string       `json:"name"`
-	Action         Action       `json:"action,omitempty"`
-	Changes        []JSONChange `json:"changes,omitempty"`
-	Warnings       []string     `json:"warnings,omitempty"`
-	Applied        bool         `json:"applied,omitempty"`
-	Status         *Status      `json:"status,omitempty"`
-	Error          string       `json:"error,omitempty"`
-	SkippedBecause string       `json:"skipped_because,omitempty"`
-	DurationMS     int64        `json:"duration_ms"`
+	Address string `json:"address"`
+	Type    string `json:"type"`
+	Name    string `json:"name"`
+	// Action is "" when nothing was observed to derive one from (its Check failed, or a
+	// status that its kind observes itself).
+	Action   Action       `json:"action"`
+	Changes  []JSONChange `json:"changes"`
+	Warnings []string     `json:"warnings"`
+	Applied  *bool        `json:"applied,omitempty"`
+	Status   *Status      `json:"status,omitempty"`
+	Error    string       `json:"error"`
+	// SkippedBecause names the failed resource this one depends on ("" when it ran).
+	SkippedBecause string `json:"skipped_because"`
+	DurationMS     int64  `json:"duration_ms"`
 	// Orphan: recorded in state, its block gone from the plan.
-	Orphan bool `json:"orphan,omitempty"`
-	// MovedFrom is the address a moved block renamed this resource from.
-	MovedFrom string `json:"moved_from,omitempty"`
+	Orphan bool `json:"orphan"`
+	// MovedFrom is the address a moved block renamed this resource from ("" when none).
+	MovedFrom string `json:"moved_from"`
 }
 
 // JSONChange is one attribute change; old and new are absent when the attribute is
@@ -372,11 +432,11 @@ type JSONChange struct {
 	Attribute string `json:"attribute"`
 	Old       any    `json:"old,omitempty"`
 	New       any    `json:"new,omitempty"`
-	Sensitive bool   `json:"sensitive,omitempty"`
+	Sensitive bool   `json:"sensitive"`
 	Effect    Effect `json:"effect"`
 	Reason    Reason `json:"reason"`
-	Note      string `json:"note,omitempty"`
-	Text      string `json:"text,omitempty"`
+	Note      string `json:"note"`
+	Text      string `json:"text"`
 }
 
 // jsonValue is v as a plain JSON value (strings, numbers, booleans, lists, objects) with
@@ -413,56 +473,83 @@ func redactValue(v any, r *Redactor) any {
 
 // JSON converts a report to its --json document.
 func JSON(command string, rep *Report, p *plans.Plan, r *Redactor) *JSONOutput {
-	out := &JSONOutput{FormatVersion: FormatVersion, Command: command, OK: !rep.Failed(), Resources: []JSONResource{}}
-	if command != "status" {
+	out := NewJSONOutput(command)
+	out.OK = !rep.Failed()
+	if out.Summary != nil {
 		s := rep.Summary()
 		out.Summary = &s
 	}
-	out.Rollouts = rep.Rollouts
+	if command == "plan" {
+		out.Rollouts = append(out.Rollouts, rep.Rollouts...)
+	}
 	for _, st := range rep.Steps {
-		typ, name, _ := strings.Cut(st.Addr, ".")
-		jr := JSONResource{Address: st.Addr, Type: typ, Name: name, Applied: st.Applied,
-			Status: st.Status, DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom}
-		if st.Err != nil {
-			if cause, ok := st.Skipped(); ok {
-				jr.SkippedBecause = cause
-			}
-			jr.Error = r.String(st.Err.Error())
-		}
-		if d := st.Diff; d != nil {
-			jr.Action = d.Action
-			for _, w := range d.Warnings {
-				jr.Warnings = append(jr.Warnings, r.String(w))
-			}
-			for _, c := range d.Changes {
-				jc := JSONChange{Attribute: c.Attr, Sensitive: c.Sensitive, Effect: c.EffectOf(), Reason: c.Why(), Note: r.String(c.Note)}
-				if !c.Sensitive {
-					if c.HasOld {
-						jc.Old = jsonValue(c.Old, r)
-					}
-					if c.HasNew {
-						jc.New = jsonValue(c.New, r)
-					}
-					jc.Text = r.String(c.Text)
-				}
-				jr.Changes = append(jr.Changes, jc)
-			}
-		}
-		if jr.Status != nil {
-			s := *jr.Status
-			s.Summary = r.String(s.Summary)
-			s.Fields = nil
-			for _, f := range jr.Status.Fields {
-				s.Fields = append(s.Fields, Field{Name: f.Name, Value: r.String(f.Value)})
-			}
-			jr.Status = &s
-		}
-		out.Resources = append(out.Resources, jr)
+		out.Resources = append(out.Resources, jsonResource(command, st, r))
 	}
 	if command == "status" {
 		out.OK = !rep.Degraded()
 	}
 	return out
+}
+
+// jsonResource is one step of a report as command's document shows it.
+func jsonResource(command string, st *Step, r *Redactor) JSONResource {
+	typ, name, _ := strings.Cut(st.Addr, ".")
+	jr := JSONResource{Address: st.Addr, Type: typ, Name: name, Changes: []JSONChange{}, Warnings: []string{},
+		DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom}
+	if command == "apply" || command == "destroy" {
+		jr.Applied = &st.Applied
+	}
+	if st.Err != nil {
+		if cause, ok := st.Skipped(); ok {
+			jr.SkippedBecause = cause
+		}
+		jr.Error = r.String(st.Err.Error())
+	}
+	if d := st.Diff; d != nil {
+		jr.Action = d.Action
+		for _, w := range d.Warnings {
+			jr.Warnings = append(jr.Warnings, r.String(w))
+		}
+		for _, c := range d.Changes {
+			jc := JSONChange{Attribute: c.Attr, Sensitive: c.Sensitive, Effect: c.EffectOf(), Reason: c.Why(), Note: r.String(c.Note)}
+			if !c.Sensitive {
+				if c.HasOld {
+					jc.Old = jsonValue(c.Old, r)
+				}
+				if c.HasNew {
+					jc.New = jsonValue(c.New, r)
+				}
+				jc.Text = r.String(c.Text)
+			}
+			jr.Changes = append(jr.Changes, jc)
+		}
+	}
+	if command == "status" {
+		jr.Status = jsonStatus(st.Status, r)
+	}
+	return jr
+}
+
+// jsonStatus is a status as the document shows it: never null, its lists and maps empty
+// rather than absent (a failed status is {healthy: false, summary: "", ...}), secrets
+// redacted.
+func jsonStatus(in *Status, r *Redactor) *Status {
+	s := &Status{Fields: []Field{}, Metrics: map[string]float64{}}
+	if in == nil {
+		return s
+	}
+	s.Healthy, s.Summary = in.Healthy, r.String(in.Summary)
+	for _, f := range in.Fields {
+		if v, ok := f.Value.(string); ok {
+			f.Value = r.String(v)
+		}
+		f.Text = r.String(f.Text)
+		s.Fields = append(s.Fields, f)
+	}
+	for k, v := range in.Metrics {
+		s.Metrics[k] = v
+	}
+	return s
 }
 
 // WriteJSON writes a document as indented JSON.

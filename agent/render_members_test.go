@@ -10,7 +10,7 @@ import (
 // their health, after the per-resource lines; a plan without members prints no section.
 func TestStatusViewMembers(t *testing.T) {
 	member := func(m string) []Field {
-		return []Field{{Name: "status", Value: "Running"}, {Name: MemberField, Value: m}}
+		return []Field{TextField("status", "status", "Running"), TextField(MemberField, "member", m)}
 	}
 	rep := &Report{Steps: []*Step{
 		{Addr: "container.a", Status: &Status{Healthy: true, Summary: "running", Fields: member("m2")}},

@@ -114,26 +114,26 @@ type Status struct {
 	// Summary is one line for people ("running, ready, generation 7").
 	Summary string `json:"summary"`
 	// Fields are observed facts in display order (PID, start time, log age, accept rate).
-	Fields []Field `json:"fields,omitempty"`
+	Fields []Field `json:"fields"`
 	// Metrics are the same facts as numbers, for Prometheus: `agent run` exports each as
 	// agent_<kind>_<key>{name="<resource name>"} (agent_server_accept_length{name="qwen"}).
 	// Keys are snake_case; booleans are 0 or 1.
-	Metrics map[string]float64 `json:"metrics,omitempty"`
+	Metrics map[string]float64 `json:"metrics"`
 }
 
-// MemberField is the Status field naming the cluster member a resource lives on (an
-// Incus instance's location, a server's container's). `agent run` adds it to the
+// MemberField is the key of the Status field naming the cluster member a resource lives
+// on (an Incus instance's location, a server's container's). `agent run` adds it to the
 // resource's metrics as the label member="…".
 const MemberField = "member"
 
-// Member returns the value of the status's MemberField; "" when it has none.
+// Member returns the text of the status's MemberField; "" when it has none.
 func (s *Status) Member() string {
 	if s == nil {
 		return ""
 	}
 	for _, f := range s.Fields {
-		if f.Name == MemberField {
-			return f.Value
+		if f.Key == MemberField {
+			return f.Text
 		}
 	}
 	return ""
@@ -159,12 +159,6 @@ func Terminal(err error) error {
 func IsTerminal(err error) bool {
 	var t *terminalError
 	return errors.As(err, &t)
-}
-
-// Field is one observed fact.
-type Field struct {
-	Name  string `json:"name"`
-	Value string `json:"value"`
 }
 
 // Watcher is implemented by resources that can notice cheaply, between observations,

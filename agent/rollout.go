@@ -534,14 +534,14 @@ type RolloutSummary struct {
 	// Disruptions counts the members' restarts, replaces and deletes.
 	Disruptions Summary `json:"disruptions"`
 	// Down are members observed down: they count as unavailable until repaired.
-	Down []string `json:"down,omitempty"`
+	Down []string `json:"down"`
 }
 
 // rolloutSummaries summarises a report's steps by rollout group.
 func (e *Engine) rolloutSummaries(rep *Report) []RolloutSummary {
 	var out []RolloutSummary
 	for _, g := range e.plan.RolloutGroups() {
-		s := RolloutSummary{Group: g.Name, MaxUnavailable: g.MaxUnavailable, Members: len(g.Members)}
+		s := RolloutSummary{Group: g.Name, MaxUnavailable: g.MaxUnavailable, Members: len(g.Members), Down: []string{}}
 		for _, st := range rep.Steps {
 			if e.groupOf[st.Addr] == nil || e.groupOf[st.Addr].Name != g.Name || st.Diff == nil {
 				continue

@@ -97,7 +97,7 @@ func (m *member) Apply(ctx context.Context, env *Env, d *Diff) error {
 }
 
 func (m *member) Status(ctx context.Context, env *Env) (*Status, error) {
-	return &Status{Healthy: true, Summary: "serving", Fields: []Field{{Name: MemberField, Value: "m-" + strings.TrimPrefix(m.addr, "member.")}}}, nil
+	return &Status{Healthy: true, Summary: "serving", Fields: []Field{TextField(MemberField, "member", "m-"+strings.TrimPrefix(m.addr, "member."))}}, nil
 }
 
 // waitConfig is a resource whose Apply waits until a member's Apply returned: members

@@ -78,7 +78,7 @@ func writeSnippet(w io.Writer, src []byte, r hcl.Range) {
 type JSONDiagnostic struct {
 	Severity string     `json:"severity"`
 	Summary  string     `json:"summary"`
-	Detail   string     `json:"detail,omitempty"`
+	Detail   string     `json:"detail"`
 	Range    *JSONRange `json:"range,omitempty"`
 }
 

@@ -1185,16 +1185,16 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		return &agent.Status{Healthy: false, Summary: "instance " + k.name + " does not exist"}, nil
 	}
 	if member, oerr := offlineMember(ctx, c, k.name, err); oerr != nil {
-		return &agent.Status{Summary: oerr.Error(), Fields: []agent.Field{{Name: "status", Value: "unknown"}, {Name: agent.MemberField, Value: member}}}, nil
+		return &agent.Status{Summary: oerr.Error(), Fields: []agent.Field{agent.TextField("status", "status", "unknown"), agent.TextField(agent.MemberField, "member", member)}}, nil
 	}
 	if err != nil {
 		return nil, reachErr(c, err)
 	}
-	st := &agent.Status{Fields: []agent.Field{{Name: "status", Value: inst.Status}}}
+	st := &agent.Status{Fields: []agent.Field{agent.TextField("status", "status", inst.Status)}}
 	if member := instanceMember(inst); member != "" {
-		st.Fields = append(st.Fields, agent.Field{Name: agent.MemberField, Value: member})
+		st.Fields = append(st.Fields, agent.TextField(agent.MemberField, "member", member))
 		if err := memberOnline(ctx, c, member, k.name); err != nil {
-			st.Fields[0].Value = "unknown" // the cluster's database answers for an offline member
+			st.Fields[0] = agent.TextField("status", "status", "unknown") // the cluster's database answers for an offline member
 			st.Summary = err.Error()
 			return st, nil
 		}
@@ -1205,9 +1205,9 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		if err != nil {
 			return nil, err
 		}
-		st.Fields = append(st.Fields, agent.Field{Name: "init_pid", Value: fmt.Sprint(state.Pid)})
+		st.Fields = append(st.Fields, agent.NumberField("init_pid", "init_pid", state.Pid))
 		if !state.StartedAt.IsZero() && state.StartedAt.Year() > 1970 {
-			st.Fields = append(st.Fields, agent.Field{Name: "started", Value: state.StartedAt.UTC().Format(time.RFC3339)})
+			st.Fields = append(st.Fields, agent.TimeField("started_at", "started", state.StartedAt).WithText(state.StartedAt.UTC().Format(time.RFC3339)))
 		}
 		for _, ifname := range containerKeys(state.Network) {
 			if ifname == "lo" {
@@ -1220,7 +1220,7 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 			}
 		}
 		if len(addrs) > 0 {
-			st.Fields = append(st.Fields, agent.Field{Name: "addresses", Value: strings.Join(addrs, ", ")})
+			st.Fields = append(st.Fields, agent.TextField("addresses", "addresses", strings.Join(addrs, ", ")))
 		}
 	}
 	var gpus, disks []string
@@ -1246,17 +1246,17 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		}
 	}
 	if len(gpus) > 0 {
-		st.Fields = append(st.Fields, agent.Field{Name: "gpus", Value: strings.Join(gpus, "; ")})
+		st.Fields = append(st.Fields, agent.TextField("gpus", "gpus", strings.Join(gpus, "; ")))
 	}
 	if len(disks) > 0 {
-		st.Fields = append(st.Fields, agent.Field{Name: "disks", Value: strings.Join(disks, "; ")})
+		st.Fields = append(st.Fields, agent.TextField("disks", "disks", strings.Join(disks, "; ")))
 	}
 	if v := inst.ExpandedConfig["nvidia.runtime"]; v == "true" {
-		st.Fields = append(st.Fields, agent.Field{Name: "nvidia_runtime", Value: v})
+		st.Fields = append(st.Fields, agent.BoolField("nvidia_runtime", "nvidia_runtime", true))
 	}
 	if k.userspace != "" && inst.StatusCode == incus.StatusRunning {
 		if have, err := k.userspaceVersion(ctx, c); err == nil {
-			st.Fields = append(st.Fields, agent.Field{Name: "nvidia_userspace", Value: noneIfEmpty(have)})
+			st.Fields = append(st.Fields, agent.TextField("nvidia_userspace", "nvidia_userspace", have).WithText(noneIfEmpty(have)))
 		}
 	}
 	d, err := k.Check(ctx, env)

@@ -91,7 +91,7 @@ func (h *clusterCtr) location() string {
 func field(st *agent.Status, name string) string {
 	for _, f := range st.Fields {
 		if f.Name == name {
-			return f.Value
+			return f.Text
 		}
 	}
 	return ""

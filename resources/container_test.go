@@ -241,7 +241,7 @@ func TestContainerLifecycle(t *testing.T) {
 	}
 	fields := map[string]string{}
 	for _, f := range st.Fields {
-		fields[f.Name] = f.Value
+		fields[f.Name] = f.Text
 	}
 	if fields["status"] != "Running" || fields["init_pid"] == "" || !strings.Contains(fields["disks"], models+" → /models (ro)") {
 		t.Errorf("status fields: %v", fields)

@@ -592,14 +592,14 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 		"bytes_done": float64(done), "bytes_total": float64(total),
 	}}
 	st.Fields = append(st.Fields,
-		agent.Field{Name: "files verified", Value: fmt.Sprintf("%d/%d", verified, n)},
-		agent.Field{Name: "bytes", Value: fmt.Sprintf("%s / %s", bytesize.Format(done), bytesize.Format(total))},
-		agent.Field{Name: "dest", Value: d.dest})
+		agent.NumberField("files_verified", "files verified", verified).WithText(fmt.Sprintf("%d/%d", verified, n)),
+		agent.BytesField("done_bytes", "bytes", done).WithText(fmt.Sprintf("%s / %s", bytesize.Format(done), bytesize.Format(total))),
+		agent.TextField("dest", "dest", d.dest))
 	if t.listing != nil {
-		st.Fields = append(st.Fields, agent.Field{Name: "commit", Value: t.listing.Commit})
+		st.Fields = append(st.Fields, agent.TextField("commit", "commit", t.listing.Commit))
 	}
 	if len(res.Extra) > 0 {
-		st.Fields = append(st.Fields, agent.Field{Name: "extra files", Value: fmt.Sprint(len(res.Extra))})
+		st.Fields = append(st.Fields, agent.NumberField("extra_files", "extra files", len(res.Extra)))
 	}
 	now := time.Now()
 	if env.Now != nil {
@@ -614,11 +614,11 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 		st.Metrics["rate_bytes_per_second"] = p.Rate
 		st.Metrics["eta_seconds"] = p.ETASeconds
 		st.Fields = append(st.Fields,
-			agent.Field{Name: "rate", Value: bytesize.Format(int64(p.Rate)) + "/s"},
-			agent.Field{Name: "eta", Value: etaString(p.ETASeconds)})
+			agent.NumberField("rate_bytes_per_second", "rate", p.Rate).WithText(bytesize.Format(int64(p.Rate))+"/s"),
+			agent.NumberField("eta_seconds", "eta", p.ETASeconds).WithText(etaString(p.ETASeconds)))
 		for _, f := range p.Files {
-			st.Fields = append(st.Fields, agent.Field{Name: "file " + f.Name,
-				Value: fmt.Sprintf("%s %s / %s, %s/s, ETA %s", f.State, bytesize.Format(f.Done), bytesize.Format(f.Total), bytesize.Format(int64(f.Rate)), etaString(f.ETASeconds))})
+			st.Fields = append(st.Fields, agent.BytesField(fmt.Sprintf("done_bytes[%q]", f.Name), "file "+f.Name, f.Done).
+				WithText(fmt.Sprintf("%s %s / %s, %s/s, ETA %s", f.State, bytesize.Format(f.Done), bytesize.Format(f.Total), bytesize.Format(int64(f.Rate)), etaString(f.ETASeconds))))
 		}
 	default:
 		st.Summary = fmt.Sprintf("incomplete: %d/%d files verified, %s / %s on disk (an apply resumes it)", verified, n, bytesize.Format(done), bytesize.Format(total))

@@ -413,7 +413,7 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return nil, err
 	}
 	st := &agent.Status{Metrics: map[string]float64{"gpus": float64(len(o.Info.GPUs))}}
-	add := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
+	add := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	for _, g := range o.Info.GPUs {
 		// One series per GPU and quantity: agent_nvidia_driver_gpu0_memory_used_bytes{name}.
 		st.Metrics[fmt.Sprintf("gpu%d_memory_used_bytes", g.Index)] = float64(g.MemoryUsed)
@@ -433,33 +433,33 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 			loaded += " (open kernel module)"
 		}
 	}
-	add("wanted", d.version)
-	add("loaded", loaded)
+	add(agent.TextField("wanted", "wanted", d.version))
+	add(agent.TextField("loaded", "loaded", o.Loaded).WithText(loaded))
 	if o.Installed != "" {
-		add("installed", o.Installed+" ("+o.InstalledLib+")")
+		add(agent.TextField("installed", "installed", o.Installed).WithText(o.Installed + " (" + o.InstalledLib + ")"))
 	} else {
-		add("installed", "unknown: "+o.InstalledNote)
+		add(agent.TextField("installed", "installed", "").WithText("unknown: " + o.InstalledNote))
 	}
 	gpus := o.Info.State.String() + " (" + o.Info.Source + ")"
 	if o.Info.CUDADriverVersion != "" {
 		gpus += ", CUDA " + o.Info.CUDADriverVersion
 	}
-	add("gpu state", gpus)
+	add(agent.TextField("gpu_state", "gpu state", o.Info.State.String()).WithText(gpus))
 	switch {
 	case o.Nouveau && o.NouveauBlacklisted != "":
-		add("nouveau", "loaded, blacklisted in "+o.NouveauBlacklisted)
+		add(agent.BoolField("nouveau_blacklisted", "nouveau", true).WithText("loaded, blacklisted in " + o.NouveauBlacklisted))
 	case o.Nouveau:
-		add("nouveau", "loaded, not blacklisted")
+		add(agent.BoolField("nouveau_blacklisted", "nouveau", false).WithText("loaded, not blacklisted"))
 	}
 	for _, g := range o.Info.GPUs {
-		add(fmt.Sprintf("gpu %d", g.Index), describeDevice(g))
+		add(agent.TextField(fmt.Sprintf("gpu[%d]", g.Index), fmt.Sprintf("gpu %d", g.Index), describeDevice(g)))
 		if len(g.Processes) > 0 {
-			add(fmt.Sprintf("gpu %d processes", g.Index), describeProcesses(d.host, g.Processes))
+			add(agent.NumberField(fmt.Sprintf("gpu_processes[%d]", g.Index), fmt.Sprintf("gpu %d processes", g.Index), len(g.Processes)).WithText(describeProcesses(d.host, g.Processes)))
 		}
 	}
 	if rec.LastInstall != nil {
-		add("last install", fmt.Sprintf("%s via %s at %s, log %s", rec.LastInstall.Version, rec.LastInstall.Method,
-			rec.LastInstall.At.UTC().Format(time.RFC3339), rec.LastInstall.Log))
+		add(agent.TimeField("last_install_at", "last install", rec.LastInstall.At).WithText(fmt.Sprintf("%s via %s at %s, log %s", rec.LastInstall.Version, rec.LastInstall.Method,
+			rec.LastInstall.At.UTC().Format(time.RFC3339), rec.LastInstall.Log)))
 	}
 
 	diff, err := d.decide(ctx, env, o, rec)
@@ -467,13 +467,13 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		st.Summary = err.Error()
 		return st, nil
 	}
-	for _, w := range diff.Warnings {
-		add("warning", w)
+	for i, w := range diff.Warnings {
+		add(agent.TextField(fmt.Sprintf("warning[%d]", i+1), "warning", w))
 	}
 	if n := rec.RebootRequired; n != nil {
 		for _, c := range d.rebootCauses(o) {
 			if c.key == n.Cause {
-				add("reboot required since", n.At.UTC().Format(time.RFC3339))
+				add(agent.TimeField("reboot_required_since", "reboot required since", n.At).WithText(n.At.UTC().Format(time.RFC3339)))
 			}
 		}
 	}

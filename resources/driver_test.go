@@ -272,7 +272,7 @@ func hasString(ss []string, sub string) bool {
 func fieldValue(st *agent.Status, name string) string {
 	for _, f := range st.Fields {
 		if f.Name == name {
-			return f.Value
+			return f.Text
 		}
 	}
 	return ""

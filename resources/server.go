@@ -1263,44 +1263,44 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	st := &agent.Status{Healthy: true, Metrics: map[string]float64{
 		"up": 0, "ready": 0, "generation": float64(rec.Generation), "restarts": float64(max(rec.Generation-1, 0)),
 	}}
-	field := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
+	field := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	now := env.Now()
 	alive, err := procs.Alive(rec.id())
 	if err != nil {
 		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 	}
-	field("pid", strconv.Itoa(rec.PID))
+	field(agent.NumberField("pid", "pid", rec.PID))
 	if t, err := procStart(procs, rec.StartTicks); err == nil {
-		field("started", fmt.Sprintf("%s (%s ago)", t.Format("2006-01-02 15:04:05"), age(now.Sub(t))))
+		field(agent.AgeField("started_at", "started", t, now))
 	}
 	gen := strconv.Itoa(rec.Generation)
 	if rec.Adopted {
 		gen += " (adopted: not launched by this agent)"
 	}
-	field("generation", gen)
+	field(agent.NumberField("generation", "generation", rec.Generation).WithText(gen))
 	var m sglang.Metrics
 	if s.container != "" {
-		field("container", s.container)
+		field(agent.TextField("container", "container", s.container))
 		if member := incusMember(ctx, lc); member != "" {
-			field(agent.MemberField, member)
+			field(agent.TextField(agent.MemberField, "member", member))
 		}
 		if err != nil {
-			field("endpoint", err.Error())
+			field(agent.TextField("endpoint", "endpoint", err.Error()))
 		}
 	}
 	logPath := hostPath(lc, &rec)
 	if rec.LogPath != "" {
-		field("log", rec.LogPath)
+		field(agent.TextField("log", "log", rec.LogPath))
 		m, err = lifecycle.ScanLog(ctx, logPath)
 		switch {
 		case err != nil:
-			field("newest line", "log unreadable: "+err.Error())
+			field(agent.TextField("newest_line", "newest line", "log unreadable: "+err.Error()))
 		case m.LastLineTime.IsZero() && m.Lines == 0:
-			field("newest line", fmt.Sprintf("none: generation %d's log has no line yet", rec.Generation))
+			field(agent.TextField("newest_line", "newest line", fmt.Sprintf("none: generation %d's log has no line yet", rec.Generation)))
 		case m.LastLineTime.IsZero():
-			field("newest line", fmt.Sprintf("%d lines, none with a time (generation %d)", m.Lines, rec.Generation))
+			field(agent.TextField("newest_line", "newest line", fmt.Sprintf("%d lines, none with a time (generation %d)", m.Lines, rec.Generation)))
 		default:
-			field("newest line", fmt.Sprintf("%s (%s ago)", m.LastLineTime.Format("2006-01-02 15:04:05"), age(now.Sub(m.LastLineTime))))
+			field(agent.AgeField("newest_line_at", "newest line", m.LastLineTime, now))
 		}
 	}
 	if !alive {
@@ -1308,10 +1308,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		st.Summary = fmt.Sprintf("not running: pid %d (generation %d) is gone", rec.PID, rec.Generation)
 		if logPath != "" {
 			if f, ok := lifecycle.Failure(logPath); ok {
-				field("failure", f.String())
+				field(agent.TextField("failure", "failure", f.String()))
 				st.Summary += ": " + f.Title
 			} else if tail, err := lifecycle.Tail(logPath, 1); err == nil && len(tail) > 0 {
-				field("last line", tail[0])
+				field(agent.TextField("last_line", "last line", tail[0]))
 			}
 		}
 		s.statusIncident(field, st, &rec, procs)
@@ -1332,18 +1332,18 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		ready = s.notReady(ctx, lc, &rec)
 	}
 	if ready == "" {
-		field("readiness", "ready")
+		field(agent.BoolField("ready", "readiness", true).WithText("ready"))
 		st.Metrics["ready"] = 1
 	} else {
-		field("readiness", "not ready: "+ready)
+		field(agent.BoolField("ready", "readiness", false).WithText("not ready: " + ready))
 		problems = append(problems, "not ready")
 	}
 	logFields(field, m, st.Metrics)
 	if s.enableMetrics && s.port > 0 {
 		if pm, err := lc.Metrics(ctx, s.port); err != nil {
-			field("/metrics", "unavailable: "+err.Error())
+			field(agent.TextField("metrics_error", "/metrics", "unavailable: "+err.Error()))
 		} else {
-			servingFields(field, "/metrics ", pm, nil)
+			servingFields(field, "metrics_", "/metrics ", pm, nil)
 		}
 	}
 	if s.smoke != nil && ready == "" && !env.Probe {
@@ -1356,14 +1356,14 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
 		switch {
 		case err != nil:
-			field("smoke test", "no answer: "+err.Error())
+			field(agent.TextField("smoke_test", "smoke test", "no answer").WithText("no answer: " + err.Error()))
 			problems = append(problems, "smoke test got no answer")
 		case r.OK:
-			field("smoke test", fmt.Sprintf("passed (repetition %.2f)", r.Repetition))
+			field(agent.TextField("smoke_test", "smoke test", "passed").WithText(fmt.Sprintf("passed (repetition %.2f)", r.Repetition)))
 			st.Metrics["smoke_test_passed"] = 1
 		default:
-			field("smoke test", "failed: "+r.Reason)
-			field("smoke output", strconv.Quote(r.Output))
+			field(agent.TextField("smoke_test", "smoke test", "failed").WithText("failed: " + r.Reason))
+			field(agent.TextField("smoke_output", "smoke output", r.Output).WithText(strconv.Quote(r.Output)))
 			problems = append(problems, "smoke test failed ("+r.Reason+"); the server is left running: a bad answer is a sampling problem, not a server fault")
 		}
 	}
@@ -1382,27 +1382,33 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 var servingMetrics = []struct {
 	label, key, format string
 	get                func(*sglang.Metrics) *float64
+	// field is the status field's key where key ("" for counters not exported) is not it.
+	field string
 }{
-	{"accept len", "accept_length", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptLen }},
-	{"accept rate", "accept_rate", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptRate }},
-	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *sglang.Metrics) *float64 { return m.GenThroughput }},
-	{"token usage", "token_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.TokenUsage }},
-	{"mamba usage", "mamba_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.MambaUsage }},
+	{"accept len", "accept_length", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptLen }, ""},
+	{"accept rate", "accept_rate", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptRate }, ""},
+	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *sglang.Metrics) *float64 { return m.GenThroughput }, ""},
+	{"token usage", "token_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.TokenUsage }, ""},
+	{"mamba usage", "mamba_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.MambaUsage }, ""},
 	// Counters only /metrics has.
-	{"prompt tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.PromptTokens }},
-	{"generation tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.GenerationTokens }},
-	{"requests", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.Requests }},
+	{"prompt tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.PromptTokens }, "prompt_tokens"},
+	{"generation tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.GenerationTokens }, "generation_tokens"},
+	{"requests", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.Requests }, "requests"},
 }
 
-// servingFields adds a status line per figure m has, labels prefixed with prefix, and the
-// figures with a key to metrics when metrics is not nil.
-func servingFields(field func(string, string), prefix string, m sglang.Metrics, metrics map[string]float64) {
+// servingFields adds a status line per figure m has, keys prefixed with keyPrefix and
+// labels with prefix, and the figures with a key to metrics when metrics is not nil.
+func servingFields(field func(agent.Field), keyPrefix, prefix string, m sglang.Metrics, metrics map[string]float64) {
 	for _, sm := range servingMetrics {
 		v := sm.get(&m)
 		if v == nil {
 			continue
 		}
-		field(prefix+sm.label, fmt.Sprintf(sm.format, *v))
+		key := sm.key
+		if sm.field != "" {
+			key = sm.field
+		}
+		field(agent.NumberField(keyPrefix+key, prefix+sm.label, *v).WithText(fmt.Sprintf(sm.format, *v)))
 		if metrics != nil && sm.key != "" {
 			metrics[sm.key] = *v
 		}
@@ -1410,29 +1416,16 @@ func servingFields(field func(string, string), prefix string, m sglang.Metrics, 
 }
 
 // logFields adds the log's serving figures, its queue and the time of its newest batch line.
-func logFields(field func(string, string), m sglang.Metrics, metrics map[string]float64) {
-	servingFields(field, "", m, metrics)
+func logFields(field func(agent.Field), m sglang.Metrics, metrics map[string]float64) {
+	servingFields(field, "", "", m, metrics)
 	if m.RunningReqs != nil {
 		q := 0
 		if m.QueueReqs != nil {
 			q = *m.QueueReqs
 		}
-		field("requests", fmt.Sprintf("%d running, %d queued", *m.RunningReqs, q))
+		field(agent.NumberField("requests_running", "requests", *m.RunningReqs).WithText(fmt.Sprintf("%d running, %d queued", *m.RunningReqs, q)))
 	}
 	if !m.LastEvent.IsZero() {
-		field("newest batch line", m.LastEvent.Format("2006-01-02 15:04:05"))
+		field(agent.TimeField("newest_batch_line_at", "newest batch line", m.LastEvent))
 	}
-}
-
-func age(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	switch {
-	case d < time.Minute:
-		return d.Round(time.Second).String()
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	}
-	return d.Round(time.Minute).String()
 }

@@ -3,7 +3,6 @@ package resources
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -144,7 +143,7 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 // wants absent.
 func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*agent.Status, error) {
 	st := &agent.Status{Healthy: s.absent, Metrics: map[string]float64{"up": 0, "ready": 0, "generation": float64(rec.Generation)}}
-	field := func(name, value string) { st.Fields = append(st.Fields, agent.Field{Name: name, Value: value}) }
+	field := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	switch {
 	case !has:
 		st.Summary = "absent: nothing recorded, nothing launched by this agent"
@@ -161,8 +160,8 @@ func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*age
 		} else {
 			st.Summary = fmt.Sprintf("pid %d (generation %d) is gone; agent apply verifies the stop", rec.PID, rec.Generation)
 		}
-		field("pid", strconv.Itoa(rec.PID))
-		field("generation", strconv.Itoa(rec.Generation))
+		field(agent.NumberField("pid", "pid", rec.PID))
+		field(agent.NumberField("generation", "generation", rec.Generation))
 		return st, nil
 	}
 	by := rec.StoppedBy
@@ -173,11 +172,11 @@ func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*age
 	if !s.absent {
 		st.Summary += "; agent apply launches it again"
 	}
-	field("stopped", fmt.Sprintf("%s (%s ago)", rec.StoppedAt.Local().Format("2006-01-02 15:04:05"), age(env.Now().Sub(rec.StoppedAt))))
-	field("last pid", strconv.Itoa(rec.PID))
-	field("generation", strconv.Itoa(rec.Generation))
+	field(agent.AgeField("stopped_at", "stopped", rec.StoppedAt.Local(), env.Now()))
+	field(agent.NumberField("last_pid", "last pid", rec.PID))
+	field(agent.NumberField("generation", "generation", rec.Generation))
 	if rec.LogPath != "" {
-		field("log", rec.LogPath)
+		field(agent.TextField("log", "log", rec.LogPath))
 	}
 	return st, nil
 }

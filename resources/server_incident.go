@@ -28,13 +28,13 @@ func (s *Server) markStopping(env *agent.Env, rec *serverRecord, on bool) {
 // statusInFlight is what status says of a live generation an apply is working on: one
 // being stopped, or one launched and not yet verified (an apply waiting for it, or an
 // agent that died before verifying it). Either is a problem, never "ready".
-func (s *Server) statusInFlight(field func(string, string), rec *serverRecord) []string {
+func (s *Server) statusInFlight(field func(agent.Field), rec *serverRecord) []string {
 	switch {
 	case !rec.StoppingSince.IsZero():
-		field("stopping", fmt.Sprintf("since %s: an apply is stopping generation %d", rec.StoppingSince.Format("2006-01-02 15:04:05"), rec.Generation))
+		field(agent.TimeField("stopping_since", "stopping", rec.StoppingSince).WithText(fmt.Sprintf("since %s: an apply is stopping generation %d", rec.StoppingSince.Format("2006-01-02 15:04:05"), rec.Generation)))
 		return []string{fmt.Sprintf("being stopped by an apply (since %s)", rec.StoppingSince.Format(time.TimeOnly))}
 	case !rec.verified():
-		field("verification", "launched, not verified yet (ready, ready.settle, smoke test): an apply in flight, or the next one, verifies it")
+		field(agent.BoolField("verified", "verification", false).WithText("launched, not verified yet (ready, ready.settle, smoke test): an apply in flight, or the next one, verifies it"))
 		return []string{"launched, not verified yet"}
 	}
 	return nil
@@ -43,14 +43,14 @@ func (s *Server) statusInFlight(field func(string, string), rec *serverRecord) [
 // statusIncident adds to the status of a generation that is gone: why the agent stopped
 // it, with the lines it quoted from its log, and who holds the port now (after PID
 // reuse, or a foreign server started in its place).
-func (s *Server) statusIncident(field func(string, string), st *agent.Status, rec *serverRecord, procs lifecycle.Procs) {
+func (s *Server) statusIncident(field func(agent.Field), st *agent.Status, rec *serverRecord, procs lifecycle.Procs) {
 	if f := rec.Failure; f != nil {
 		st.Summary = fmt.Sprintf("generation %d was stopped by the agent at %s: %s", rec.Generation, f.At.Format("2006-01-02 15:04:05"), f.Reason)
 		if i := strings.Index(f.Verdict, ":"); i > 0 {
 			st.Summary += "; " + f.Verdict[:i] // the dead branch shows the whole verdict
 		}
 		if len(f.Tail) > 0 {
-			field("log tail", strings.Join(f.Tail, "\n"))
+			field(agent.TextField("log_tail", "log tail", strings.Join(f.Tail, "\n")))
 		}
 	}
 	if s.port <= 0 {
@@ -61,6 +61,6 @@ func (s *Server) statusIncident(field func(string, string), st *agent.Status, re
 		return
 	}
 	desc := describeProc(procs, holder.PID)
-	field("port", fmt.Sprintf("%d is held by %s, not by this server", s.port, desc))
+	field(agent.TextField("port_holder", "port", fmt.Sprintf("%d is held by %s, not by this server", s.port, desc)))
 	st.Summary += fmt.Sprintf("; port %d is held by %s", s.port, desc)
 }

@@ -30,11 +30,11 @@ func (s *Server) unlaunchedStatus(ctx context.Context, env *agent.Env) *agent.St
 		return st
 	}
 	st.Summary = fmt.Sprintf("not launched by this agent yet; port %d is held by a process it did not start", s.port)
-	st.Fields = append(st.Fields, agent.Field{Name: "port holder", Value: describeProc(procs, owner.PID)})
+	st.Fields = append(st.Fields, agent.TextField("port_holder", "port holder", describeProc(procs, owner.PID)))
 	if s.takeover {
-		st.Fields = append(st.Fields, agent.Field{Name: "takeover", Value: "true: apply stops it, verified, then launches this server"})
+		st.Fields = append(st.Fields, agent.BoolField("takeover", "takeover", true).WithText("true: apply stops it, verified, then launches this server"))
 	} else {
-		st.Fields = append(st.Fields, agent.Field{Name: "takeover", Value: "false: left alone; apply fails until it is stopped (or takeover = true)"})
+		st.Fields = append(st.Fields, agent.BoolField("takeover", "takeover", false).WithText("false: left alone; apply fails until it is stopped (or takeover = true)"))
 	}
 	return st
 }

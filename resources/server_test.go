@@ -188,7 +188,7 @@ func alive(id proc.Identity) bool {
 func fieldOf(st *agent.Status, name string) string {
 	for _, f := range st.Fields {
 		if f.Name == name {
-			return f.Value
+			return f.Text
 		}
 	}
 	return ""

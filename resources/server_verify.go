@@ -54,7 +54,7 @@ func (r *serverRecord) verified() bool {
 func (s *Server) verifyDiff(env *agent.Env, rec *serverRecord) *agent.Diff {
 	was := fmt.Sprintf("generation %d (pid %d) launched, never verified", rec.Generation, rec.PID)
 	if !rec.LaunchedAt.IsZero() {
-		was = fmt.Sprintf("generation %d (pid %d) launched %s ago, never verified", rec.Generation, rec.PID, age(env.Now().Sub(rec.LaunchedAt)))
+		was = fmt.Sprintf("generation %d (pid %d) launched %s ago, never verified", rec.Generation, rec.PID, agent.Age(env.Now().Sub(rec.LaunchedAt)))
 	}
 	c := agent.Set("verification", agent.Raw(was), agent.Raw("ready, settled, smoke-tested"))
 	c.Note = "verify: the agent that launched it stopped before verifying it"
@@ -111,16 +111,16 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 
 // launchSmokeVerdict adds the smoke test's verdict at launch to status (without running
 // it), and returns the problem it is, if any.
-func (s *Server) launchSmokeVerdict(field func(string, string), metrics map[string]float64, rec *serverRecord) []string {
+func (s *Server) launchSmokeVerdict(field func(agent.Field), metrics map[string]float64, rec *serverRecord) []string {
 	switch {
 	case rec.SmokeFailure != "":
-		field("smoke test", "failed at launch: "+rec.SmokeFailure+" (agent status --smoke runs it again)")
+		field(agent.TextField("smoke_test", "smoke test", "failed").WithText("failed at launch: " + rec.SmokeFailure + " (agent status --smoke runs it again)"))
 		return []string{"smoke test failed at launch (" + rec.SmokeFailure + "); the server is left running: a bad answer is a sampling problem, not a server fault"}
 	case !rec.VerifiedAt.IsZero():
-		field("smoke test", "passed at launch, "+rec.VerifiedAt.Format("2006-01-02 15:04:05")+" (agent status --smoke runs it again)")
+		field(agent.TextField("smoke_test", "smoke test", "passed").WithText("passed at launch, " + rec.VerifiedAt.Format("2006-01-02 15:04:05") + " (agent status --smoke runs it again)"))
 		metrics["smoke_test_passed"] = 1
 	case rec.Adopted:
-		field("smoke test", "not run: adopted, not launched by this agent (agent status --smoke runs it)")
+		field(agent.TextField("smoke_test", "smoke test", "not run").WithText("not run: adopted, not launched by this agent (agent status --smoke runs it)"))
 	}
 	return nil
 }

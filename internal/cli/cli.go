@@ -52,7 +52,7 @@ Usage:
 
 PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN:
   --state-dir DIR      where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)
-  --json               machine-readable output (plan, apply, status, validate)
+  --json               machine-readable output (plan, apply, status, destroy, validate)
   -var NAME=VALUE      set a variable (repeatable); -var-file FILE (repeatable); AGENT_VAR_NAME in the environment
   --target ADDR        act on ADDR and what it depends on (repeatable)
   --parallelism N      resources observed or applied at once (default 4)
@@ -192,8 +192,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	}
 	if cmd == "validate" {
 		if o.json {
-			agent.WriteJSON(stdout, &agent.JSONOutput{FormatVersion: agent.FormatVersion, Command: cmd, OK: true,
-				Resources: []agent.JSONResource{}, Diagnostics: plans.DiagnosticsJSON(diags)})
+			agent.WriteJSON(stdout, agent.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
 		} else {
 			if len(diags) > 0 {
 				plans.WriteDiagnostics(stderr, p.Files, diags)
@@ -206,7 +205,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	fail := func(err error) int {
 		msg := red.String(err.Error())
 		if o.json {
-			agent.WriteJSON(stdout, &agent.JSONOutput{FormatVersion: agent.FormatVersion, Command: cmd, Resources: []agent.JSONResource{}, Error: msg})
+			agent.WriteJSON(stdout, agent.ErrorJSON(cmd, msg))
 		} else {
 			fmt.Fprintf(stderr, "agent %s: %s\n", cmd, msg)
 		}
@@ -323,8 +322,7 @@ func loadPlan(path string, o options, kinds []agent.Kind) (*plans.Plan, hcl.Diag
 
 func invalid(cmd string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer) int {
 	if asJSON {
-		agent.WriteJSON(stdout, &agent.JSONOutput{FormatVersion: agent.FormatVersion, Command: cmd,
-			Resources: []agent.JSONResource{}, Diagnostics: plans.DiagnosticsJSON(diags)})
+		agent.WriteJSON(stdout, agent.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
 		return ExitError
 	}
 	var files map[string]*hcl.File

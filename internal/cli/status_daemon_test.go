@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/plans"
@@ -38,14 +39,19 @@ func checkGolden(t *testing.T, name, got string) {
 // statusReport is a status with fields of several widths on each resource, a degraded
 // one, a failed one and a cluster member: what the columns must survive.
 func statusReport() *agent.Report {
+	started := time.Date(2026, 12, 2, 15, 8, 22, 0, time.Local)
 	return &agent.Report{Steps: []*agent.Step{
 		{Addr: "container.sglang", Status: &agent.Status{Healthy: true, Summary: "running", Fields: []agent.Field{
-			{Name: "member", Value: "kpro5"}, {Name: "image", Value: "ubuntu-24.04"}, {Name: "gpus", Value: "2 (passed through)"}}}},
+			agent.TextField(agent.MemberField, "member", "kpro5"), agent.TextField("image", "image", "ubuntu-24.04"),
+			agent.NumberField("gpus", "gpus", 2).WithText("2 (passed through)")}}},
 		{Addr: "download.qwen", Status: &agent.Status{Healthy: false, Summary: "downloading: 12.0 GiB of 52.0 GiB", Fields: []agent.Field{
-			{Name: "rate", Value: "812 MiB/s"}, {Name: "eta", Value: "50s"}, {Name: "files", Value: "3 of 14 verified"}}}},
+			agent.NumberField("rate_bytes_per_second", "rate", 812<<20).WithText("812 MiB/s"), agent.NumberField("eta_seconds", "eta", 50).WithText("50s"),
+			agent.NumberField("files_verified", "files", 3).WithText("3 of 14 verified")}}},
 		{Addr: "server.qwen", Status: &agent.Status{Healthy: true, Summary: "running, ready, generation 2", Fields: []agent.Field{
-			{Name: "pid", Value: "4242"}, {Name: "started", Value: "2026-12-02 15:08:22 (5m8s ago)"}, {Name: "log", Value: "/var/log/agent/qwen.2.log"},
-			{Name: "newest log line", Value: "2s ago"}, {Name: "accept rate", Value: "0.97"}, {Name: "smoke test", Value: "passed"}, {Name: "member", Value: "kpro5"}}}},
+			agent.NumberField("pid", "pid", 4242), agent.AgeField("started_at", "started", started, started.Add(5*time.Minute+8*time.Second)),
+			agent.TextField("log", "log", "/var/log/agent/qwen.2.log"),
+			agent.TimeField("newest_line_at", "newest log line", started).WithText("2s ago"), agent.NumberField("accept_rate", "accept rate", 0.97),
+			agent.TextField("smoke_test", "smoke test", "passed"), agent.TextField(agent.MemberField, "member", "kpro5")}}},
 		{Addr: "file.motd", Err: errors.New("file.motd: read /etc/motd: permission denied")},
 	}}
 }

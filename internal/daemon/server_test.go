@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/docs/schema"
 	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
@@ -122,7 +123,8 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 	return "", nil
 }
 
-// statusOf is one resource of the loop's /status.
+// statusOf is one resource of the loop's /status, whose every answer must be valid
+// against the --json schema (whatever state the loop is in: downloading, repairing).
 func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
 	t.Helper()
 	resp, err := http.Get(base + "/status")
@@ -130,8 +132,15 @@ func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("/status: %v", err)
+	}
+	if err := schema.Validate(body); err != nil {
+		t.Errorf("/status breaks %s: %v\n%s", schema.OutputV3Name, err, body)
+	}
 	var doc agent.JSONOutput
-	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+	if err := json.Unmarshal(body, &doc); err != nil {
 		t.Fatalf("/status: %v", err)
 	}
 	for i := range doc.Resources {
@@ -149,7 +158,7 @@ func field(r *agent.JSONResource, name string) string {
 	}
 	for _, f := range r.Status.Fields {
 		if f.Name == name {
-			return f.Value
+			return f.Text
 		}
 	}
 	return ""
