@@ -206,7 +206,7 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 		return d.Derive(), nil
 	}
 
-	have, err := os.ReadFile(f.path)
+	have, err := readNoFollow(f.path, st.Size())
 	if err != nil {
 		return nil, err
 	}
@@ -342,4 +342,34 @@ func groupName(gid int) string {
 		return g.Name
 	}
 	return strconv.Itoa(gid)
+}
+
+// readNoFollow reads the regular file at path, whose size Lstat reported, without
+// following a symlink: one swapped in since the Lstat fails (ELOOP) instead of being
+// read. Plain syscalls, not os.ReadFile: a no-op plan reads every managed file, and
+// os.File's poller registration and fstat were a third of a 3,000-file plan's read cost.
+func readNoFollow(path string, size int64) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd)
+	// One byte more than the size, so a file that grew since the Lstat is read whole.
+	buf := make([]byte, 0, size+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
 }
