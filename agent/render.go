@@ -228,6 +228,8 @@ func (v *View) ApplyEvent(ev Event) {
 		case st.Applied:
 			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
 		}
+	case "finished":
+		v.printf("  ✓ %s: finished and verified: %s\n", st.Addr, st.Finished)
 	}
 }
 
