@@ -16,7 +16,7 @@ import (
 // finConfig is a make-before-break fake: its Apply builds the new value and leaves the
 // old one "serving" (host key ADDR#old) until Finish removes it.
 type finConfig struct {
-	Value      string   `hcl:"value"`
+	Value      string `hcl:"value"`
 	FinishFail *bool  `hcl:"finish_fail,optional"`
 }
 
