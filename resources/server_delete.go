@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,7 +38,7 @@ func (s *Server) Absent() bool { return s.absent && s.why == agent.ReasonEnsureA
 
 // AsAbsent is the server as agent destroy deletes it.
 func (s *Server) AsAbsent() agent.Resource {
-	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port,
+	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port, clients: new(sync.Map),
 		stopSignal: s.stopSignal, stopTimeout: s.stopTimeout, ready: lifecycle.Ready{Timeout: time.Second}, logDir: s.logDir,
 		deletion: deletion{absent: true, why: agent.ReasonDestroy}}
 }
@@ -65,7 +66,7 @@ func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error)
 		return nil, nil
 	}
 	_, name, _ := strings.Cut(addr, ".")
-	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port,
+	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port, clients: new(sync.Map),
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout, ready: lifecycle.Ready{Timeout: time.Second},
 		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}
 	if c, ok := strings.CutPrefix(rec.Place, lifecycle.IncusPlace("")); ok {
