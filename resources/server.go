@@ -99,9 +99,9 @@ const (
 type Server struct {
 	addr, name     string
 	host           Host
-	container      string   // the Incus instance it runs in; "" on the host
-	place          string   // "host" or "container NAME": part of the identity
-	retiringPlace  string   // in a view (liveView): the place of the instance a migration retires
+	container      string    // the Incus instance it runs in; "" on the host
+	place          string    // "host" or "container NAME": part of the identity
+	retiringPlace  string    // in a view (liveView): the place of the instance a migration retires
 	clients        *sync.Map // Incus socket path → *incus.Client, shared by runs and views
 	command        []string
 	flags          []serverFlag
