@@ -256,9 +256,17 @@ func (v *View) summary(rep *Report, verb string) {
 			v.warnings(st)
 		}
 	}
+	finished := 0
+	for _, st := range rep.Steps {
+		if st.Finished != "" {
+			finished++
+		}
+	}
 	switch {
 	case failed > 0:
 		v.printf("\n%s failed: %d changed, %d failed, %d skipped.\n", verb, applied, failed, skipped)
+	case applied == 0 && finished > 0:
+		v.printf("\n%s complete: %d finished (make before break), all verified; nothing else changed.\n", verb, finished)
 	case applied == 0:
 		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
 	default:

@@ -1,14 +1,18 @@
 package resources
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // TestContainerTargetChangeMoves: a stopped instance whose target changes is moved
@@ -373,4 +378,116 @@ func TestMigrateFailureLeavesTheOldServing(t *testing.T) {
 	if h.running(old) || !h.healthy("m3") {
 		t.Errorf("after the resume: old alive %v, new healthy %v", h.running(old), h.healthy("m3"))
 	}
+}
+
+// TestMigrateSurvivesSIGKILL: `agent apply` (the real binary) migrating a container with
+// a server in it is SIGKILLed at each step of the migration in turn (the intent to
+// build the pair, the pair live, the new server launched, each finish); after every
+// kill something still serves, and the next apply resumes from the records. The last
+// apply converges with exactly one instance left, on the new member, its server ready.
+func TestMigrateSurvivesSIGKILL(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := newMigrateHarness(t, c)
+	h.applyOK("m2", nil)
+	old := h.record()
+
+	planDir, err := os.MkdirTemp("", "agent-migrate-plan-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(planDir) })
+	if err := os.Chmod(planDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(planDir, "plan.hcl"), []byte(migratePlan), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"apply", planDir, "--state-dir", h.store.Dir(), "--log-level", "info", "--lock-timeout", "0",
+		"-var", "incus_socket=" + c.Socket, "-var", "name=" + h.name, "-var", "target=m3", "-var", "listen=" + memberIP("m3"),
+		"-var", "bin=" + h.bin, "-var", "hport=" + strconv.Itoa(h.hport), "-var", "port=" + strconv.Itoa(h.port)}
+	bin := testbin.Agent(t)
+	// apply runs the agent; with a marker, it SIGKILLs it as soon as a line of its log
+	// has all of the marker's parts, and reports whether it did.
+	apply := func(marker ...string) (killed bool, out string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		var buf bytes.Buffer
+		pr, pw := io.Pipe()
+		cmd.Stdout, cmd.Stderr = io.MultiWriter(&buf, pw), io.MultiWriter(&buf, pw)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGKILL) }) // by PID: this test's agent
+		seen := make(chan bool, 1)
+		go func() {
+			sc := bufio.NewScanner(pr)
+			for sc.Scan() {
+				if len(marker) > 0 && containsAll(sc.Text(), marker) {
+					_ = cmd.Process.Signal(syscall.SIGKILL)
+					seen <- true
+					break
+				}
+			}
+			_, _ = io.Copy(io.Discard, pr)
+		}()
+		err := cmd.Wait()
+		pw.Close()
+		select {
+		case killed = <-seen:
+		default:
+		}
+		if !killed && err != nil {
+			t.Fatalf("agent apply (marker %q): %v\n%s", marker, err, buf.String())
+		}
+		return killed, buf.String()
+	}
+	for _, marker := range [][]string{
+		{`msg="migrating: building the new instance"`},
+		{`msg="migrating: new instance live`},
+		{`msg=launched`},
+		{`msg=finishing`, "resource=server.qwen"},
+		{`msg=finishing`, "resource=container.c"},
+	} {
+		killed, out := apply(marker...)
+		t.Logf("killed at %q: %v", marker, killed)
+		if !killed {
+			// The step was passed by an earlier apply (it resumed beyond it): fine, but
+			// then this one converged.
+			if !strings.Contains(out, "Apply complete") && !strings.Contains(out, "No changes") {
+				t.Fatalf("apply not killed at %q and not converged:\n%s", marker, out)
+			}
+			continue
+		}
+		if !h.healthy("m2") && !h.healthy("m3") {
+			t.Fatalf("killed at %q: nothing serves\n%s", marker, out)
+		}
+	}
+	if _, out := apply(); !strings.Contains(out, "Apply complete") && !strings.Contains(out, "No changes") {
+		t.Fatalf("last apply:\n%s", out)
+	}
+	if ok, _ := h.exists(h.name); ok {
+		t.Error("old instance still exists")
+	}
+	if ok, loc := h.exists(h.name + "-b"); !ok || loc != "m3" {
+		t.Errorf("new instance: exists %v on %q", ok, loc)
+	}
+	now := h.record()
+	if now.Place != lifecycle.IncusPlace(h.name+"-b") || now.Retiring != nil || now.Pending != nil || !h.running(now) || !h.healthy("m3") {
+		t.Errorf("server after the last apply: %+v (healthy %v)", now, h.healthy("m3"))
+	}
+	if rec := h.ctrRecord(); rec.Retiring != "" || rec.Building != "" || rec.Instance != h.name+"-b" {
+		t.Errorf("container record %+v", rec)
+	}
+	if h.running(old) {
+		t.Errorf("the first server (pid %d) still runs", old.PID)
+	}
+}
+
+func containsAll(s string, parts []string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
 }
