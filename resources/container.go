@@ -503,7 +503,7 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 		if err := memberOnline(ctx, c, member, k.name); err != nil {
 			return nil, err
 		}
-		return k.migrateDiff(ctx, c, inst, rec)
+		return k.migrateDiff(ctx, c, env, inst, rec)
 	}
 	if err := k.placement(ctx, c, inst); err != nil {
 		return nil, err

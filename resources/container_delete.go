@@ -124,6 +124,9 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	if det.uuid != "" && inst.Config["volatile.uuid"] != det.uuid {
 		return fmt.Errorf("instance %s changed since it was observed (another uuid): not deleted; plan again", k.name)
 	}
+	if err := k.Finish(ctx, env); err != nil { // a migration's retiring instance goes too, first
+		return err
+	}
 	if err := k.stop(ctx, c, env); err != nil {
 		return fmt.Errorf("delete instance %s: %w", k.name, err)
 	}

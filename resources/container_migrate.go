@@ -7,6 +7,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/lifecycle"
 )
 
 // A migration is a change of a container's target: the instance must end up on another
@@ -28,8 +29,9 @@ import (
 //  4. once every dependent verified (agent.Finisher), the old instance is stopped and
 //     deleted, verified gone, and the record forgets it.
 //
-// A stopped instance (or one the plan keeps stopped) is moved instead (incus move): its
-// root filesystem goes with it and nothing runs that a move could interrupt.
+// A stopped instance, one the plan keeps stopped, or one no server of the agent runs in
+// (by the servers' records) is moved instead (incus move): stopped first if it runs,
+// started again after when the plan wants it running. Its root filesystem goes with it.
 
 // pairName is the other name of the plan's instance base: base-b for base, base for
 // base-b.
@@ -102,8 +104,33 @@ func liveInstance(env *agent.Env, name string) (live, retiring string) {
 	return name, ""
 }
 
+// serversIn reports whether a server the agent launched (and has not stopped for good)
+// runs in the instance, by the servers' records: what a migration must not interrupt.
+func serversIn(env *agent.Env, instance string) bool {
+	if env == nil || env.State == nil {
+		return true // unknown: make before break, the safe way
+	}
+	peers, err := env.State.Peers()
+	if err != nil {
+		return true
+	}
+	for _, addr := range peers {
+		if !strings.HasPrefix(addr, "server.") {
+			continue
+		}
+		var rec serverRecord
+		if ok, err := env.State.Peer(addr).Load(&rec); err != nil || !ok {
+			continue
+		}
+		if rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance) {
+			return true
+		}
+	}
+	return false
+}
+
 // migrateDiff is the diff of an instance on another member than the plan's target.
-func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, inst *incus.Instance, rec containerRecord) (*agent.Diff, error) {
+func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, env *agent.Env, inst *incus.Instance, rec containerRecord) (*agent.Diff, error) {
 	member := instanceMember(inst)
 	if rec.Retiring != "" {
 		return nil, fmt.Errorf("instance %s runs on member %s, but the plan's target is %s, and the previous migration is not finished (instance %s on %s still retires once the servers in %s verify): apply until it is, then change the target",
@@ -116,7 +143,8 @@ func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, inst *incu
 		imageRecord: rec.Image, fingerprint: rec.Fingerprint}
 	d := &agent.Diff{Detail: det}
 	ch := agent.Set("target", member, k.target)
-	if inst.StatusCode == incus.StatusRunning && k.running {
+	running := inst.StatusCode == incus.StatusRunning
+	if running && k.running && serversIn(env, k.name) {
 		pair := pairName(k.planName(), k.name)
 		if !validInstanceName(pair) {
 			return nil, agent.Terminal(fmt.Errorf("instance %s must move from member %s to %s make before break, under the pair name %s, which is not a valid instance name (at most 63 characters): shorten the container's name",
@@ -132,12 +160,16 @@ func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, inst *incu
 		d.Add(ch.Because(agent.Replaces, agent.ReasonMigrate))
 	} else {
 		det.move = true
-		ch.Note = "incus move: the instance is stopped, its root filesystem moves with it"
-		if inst.StatusCode == incus.StatusRunning {
+		switch {
+		case !running:
+			ch.Note = "incus move: the instance is stopped, its root filesystem moves with it"
+			d.Add(ch.Because(agent.InPlace, agent.ReasonMigrate))
+		case k.running:
+			ch.Note = "stopped, moved with incus move (its root filesystem with it) and started again: no server of the plan runs in it"
+			d.Add(ch.Because(agent.Restarts, agent.ReasonMigrate))
+		default:
 			ch.Note = "stopped (running = false), then moved with incus move"
 			d.Add(ch.Because(agent.Restarts, agent.ReasonMigrate))
-		} else {
-			d.Add(ch.Because(agent.InPlace, agent.ReasonMigrate))
 		}
 	}
 	return d.Derive(), nil

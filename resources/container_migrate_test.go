@@ -62,6 +62,18 @@ func TestContainerTargetChangeMoves(t *testing.T) {
 	if st := h.status(body); st.Err != nil || st.Status.Member() != "m3" {
 		t.Fatalf("status: %v %+v", st.Err, st.Status)
 	}
+
+	// Running, with no server of the plan in it: stopped, moved and started again.
+	h.apply(`  target = "m3"`)
+	p = h.plan(`  target = "m1"`)
+	if p.Err != nil || p.Diff.Action != agent.Restart || !strings.Contains(p.Diff.Changes[0].Note, "no server") {
+		t.Fatalf("plan of a running instance without servers: %v %+v", p.Err, p.Diff)
+	}
+	h.apply(`  target = "m1"`)
+	moved, _, err := c.Client.GetInstance(context.Background(), h.name)
+	if err != nil || moved.Location != "m1" || !moved.Running() || moved.Config["volatile.uuid"] != before.Config["volatile.uuid"] {
+		t.Fatalf("after the move of a running instance: %+v %v", moved, err)
+	}
 }
 
 // migratePlan is a container with the fake server in it. The fake comes from a host

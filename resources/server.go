@@ -763,6 +763,10 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if d != nil && noEndpoint != nil {
 		d.Warnings = append(d.Warnings, noEndpoint.Error())
 	}
+	if d != nil && has && rec.Retiring != nil {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("migration: generation %d (pid %d) in %s keeps serving until this one and everything that depends on it verified; then it is stopped, verified",
+			rec.Retiring.Generation, rec.Retiring.PID, rec.Retiring.Place))
+	}
 	if err == nil && d != nil && launches(d) {
 		var prev *serverRecord
 		if has {

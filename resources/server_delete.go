@@ -124,6 +124,15 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 	if rec == nil {
 		return nil
 	}
+	if r := rec.Retiring; r != nil { // a migration's old generation goes too, first
+		if err := s.stopRetiring(ctx, env, r); err != nil {
+			return err
+		}
+		rec.Retiring = nil
+		if err := env.State.Save(rec); err != nil {
+			return err
+		}
+	}
 	lc, err := s.lifecycleAt(ctx, env, rec.Place)
 	if err != nil {
 		return err

@@ -90,29 +90,37 @@ func (s *Server) Finish(ctx context.Context, env *agent.Env) error {
 	if _, err := env.State.Load(&rec); err != nil {
 		return err
 	}
-	r := rec.Retiring
-	if r == nil {
+	if rec.Retiring == nil {
 		return nil
 	}
-	if r.PID > 0 {
-		v := s.liveView(env)
-		lc, err := v.lifecycleAt(ctx, env, r.Place)
-		if err != nil {
-			return err
-		}
-		sig, timeout := syscall.Signal(r.StopSignal), r.StopTimeout
-		if sig == 0 {
-			sig = s.stopSignal
-		}
-		if timeout <= 0 {
-			timeout = s.stopTimeout
-		}
-		rep, err := lc.StopIn(ctx, r.PIDNS, r.target(), sig, timeout, r.Port)
-		if err != nil {
-			return fmt.Errorf("stop retiring generation %d (pid %d) in %s: %w", r.Generation, r.PID, r.Place, err)
-		}
-		env.Log.Info("stopped the retiring generation", "generation", r.Generation, "pid", r.PID, "place", r.Place, "result", lifecycle.Summary(rep))
+	if err := s.stopRetiring(ctx, env, rec.Retiring); err != nil {
+		return err
 	}
 	rec.Retiring = nil
 	return env.State.Save(&rec)
+}
+
+// stopRetiring stops r, a migration's retiring generation, with the stop block it was
+// launched with.
+func (s *Server) stopRetiring(ctx context.Context, env *agent.Env, r *serverRecord) error {
+	if r.PID <= 0 {
+		return nil
+	}
+	lc, err := s.liveView(env).lifecycleAt(ctx, env, r.Place)
+	if err != nil {
+		return err
+	}
+	sig, timeout := syscall.Signal(r.StopSignal), r.StopTimeout
+	if sig == 0 {
+		sig = s.stopSignal
+	}
+	if timeout <= 0 {
+		timeout = s.stopTimeout
+	}
+	rep, err := lc.StopIn(ctx, r.PIDNS, r.target(), sig, timeout, r.Port)
+	if err != nil {
+		return fmt.Errorf("stop retiring generation %d (pid %d) in %s: %w", r.Generation, r.PID, r.Place, err)
+	}
+	env.Log.Info("stopped the retiring generation", "generation", r.Generation, "pid", r.PID, "place", r.Place, "result", lifecycle.Summary(rep))
+	return nil
 }
