@@ -155,8 +155,8 @@ func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, env *agent
 			return nil, err
 		}
 		det.pair, det.fingerprint, det.imageRecord = pair, fp, k.image
-		ch.Note = fmt.Sprintf("make before break: new instance %s on %s from image %s (disk devices from %s's paths; the old root filesystem is not copied), verified; then the servers in it move, and %s on %s is stopped and deleted once they verify",
-			pair, k.target, k.image, k.target, k.name, member)
+		ch.Note = fmt.Sprintf("make before break: new instance %s on %s (from the image; disks from %s's paths), verified with the servers in it, before %s on %s is stopped and deleted",
+			pair, k.target, k.target, k.name, member)
 		d.Add(ch.Because(agent.Replaces, agent.ReasonMigrate))
 	} else {
 		det.move = true
@@ -266,7 +266,13 @@ func (k *Container) Unfinished(env *agent.Env) string {
 		return ""
 	}
 	var rec containerRecord
-	if ok, err := env.State.Load(&rec); err != nil || !ok || rec.Retiring == "" || rec.Base != k.planName() {
+	if ok, err := env.State.Load(&rec); err != nil || !ok || rec.Base != k.planName() {
+		return ""
+	}
+	if rec.Retiring == "" {
+		if rec.Building != "" && rec.Building != rec.Instance {
+			return fmt.Sprintf("instance %s, left by an interrupted migration and never live, deleted", rec.Building)
+		}
 		return ""
 	}
 	return fmt.Sprintf("retiring instance %s on member %s stopped and deleted (%s on %s is live)", rec.Retiring, noneIfEmpty(rec.RetiringMember), rec.Instance, noneIfEmpty(k.target))
@@ -280,10 +286,27 @@ func (k *Container) Finish(ctx context.Context, env *agent.Env) error {
 	if _, err := env.State.Load(&rec); err != nil {
 		return err
 	}
-	if rec.Retiring == "" {
-		return nil
-	}
 	c := k.client(env)
+	if rec.Retiring == "" {
+		// The target went back before an interrupted migration's pair went live: that
+		// pair is the agent's (the record says it built it) and serves nothing.
+		if rec.Building == "" || rec.Building == rec.Instance {
+			return nil
+		}
+		left := k.view(rec.Building)
+		if _, _, err := c.GetInstance(ctx, left.name); err == nil {
+			if err := left.stop(ctx, c, env); err != nil {
+				return err
+			}
+			if err := c.DeleteInstance(ctx, left.name); err != nil && !incus.IsNotFound(err) {
+				return err
+			}
+		} else if !incus.IsNotFound(err) {
+			return reachErr(c, err)
+		}
+		rec.Building = ""
+		return env.State.Save(rec)
+	}
 	old := k.view(rec.Retiring)
 	inst, _, err := c.GetInstance(ctx, old.name)
 	switch {

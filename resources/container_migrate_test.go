@@ -503,3 +503,46 @@ func containsAll(s string, parts []string) bool {
 	}
 	return true
 }
+
+// TestMigrateInterruptedThenTargetBack: an agent killed while it built the pair, then
+// the target changed back: the pair (the record says the agent built it; never live) is
+// deleted by the next apply, and the instance that served is untouched.
+func TestMigrateInterruptedThenTargetBack(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := newClusterCtr(t, c)
+	ctx := context.Background()
+	h.apply(`  target = "m2"`)
+	t.Cleanup(func() { removeInstance(t, c.Client, h.name+"-b") })
+	before, _, err := c.Client.GetInstance(ctx, h.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a kill after the pair's create leaves: the intent recorded, the pair on m3.
+	var rec containerRecord
+	if _, err := h.store.Load("container.c", &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Building = h.name + "-b"
+	if err := h.store.Save("container.c", rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.CreateInstance(ctx, incus.InstancesPost{Name: h.name + "-b", Source: incus.InstanceSource{Alias: "busybox"}, Target: "m3"}); err != nil {
+		t.Fatal(err)
+	}
+	rep := h.engine(`  target = "m2"`).Apply(ctx, nil)
+	st := rep.Steps[0]
+	if st.Err != nil || !strings.Contains(st.Finished, h.name+"-b") {
+		t.Fatalf("apply: %v, finished %q", st.Err, st.Finished)
+	}
+	if _, _, err := c.Client.GetInstance(ctx, h.name+"-b"); !incus.IsNotFound(err) {
+		t.Errorf("the interrupted pair still exists: %v", err)
+	}
+	after, _, err := c.Client.GetInstance(ctx, h.name)
+	if err != nil || after.Config["volatile.uuid"] != before.Config["volatile.uuid"] || !after.Running() {
+		t.Errorf("the serving instance was touched: %+v %v", after, err)
+	}
+	rec = containerRecord{}
+	if _, err := h.store.Load("container.c", &rec); err != nil || rec.Building != "" {
+		t.Errorf("record %+v %v", rec, err)
+	}
+}
