@@ -185,3 +185,74 @@ func TestFinishFailureFailsTheStep(t *testing.T) {
 		t.Errorf("values %v", h.values)
 	}
 }
+
+// migMember is a rollout member whose restart is a migration: the old generation keeps
+// serving (fleet key ADDR#old) until Finish stops it.
+type migMember struct {
+	*member
+}
+
+func (m migMember) Apply(ctx context.Context, env *Env, d *Diff) error {
+	m.f.mu.Lock()
+	m.f.values[m.addr+"#old"] = m.f.values[m.addr]
+	m.f.mu.Unlock()
+	return m.member.Apply(ctx, env, d)
+}
+
+func (m migMember) Unfinished(env *Env) string {
+	m.f.mu.Lock()
+	defer m.f.mu.Unlock()
+	if _, ok := m.f.values[m.addr+"#old"]; ok {
+		return "old generation"
+	}
+	return ""
+}
+
+func (m migMember) Finish(ctx context.Context, env *Env) error {
+	m.f.mu.Lock()
+	defer m.f.mu.Unlock()
+	delete(m.f.values, m.addr+"#old")
+	return nil
+}
+
+// TestMigrationsRespectRollouts: members of a rollout group whose restarts are
+// migrations (Finisher) are still admitted max_unavailable at a time, every one is
+// finished once verified, and no permit is left in flight.
+func TestMigrationsRespectRollouts(t *testing.T) {
+	t.Parallel()
+	f := newFleet()
+	for _, a := range []string{"a", "b", "c"} {
+		f.values["member."+a] = "v1"
+	}
+	k := []Kind{NewKind("member", func(r *plans.Resource, c *memberConfig) (Resource, hcl.Diagnostics) {
+		return migMember{&member{f: f, addr: r.Addr, cfg: c}}, nil
+	})}
+	p, diags := plans.LoadSources(".", []plans.Source{{Name: "plan.hcl", Data: []byte(group(3, 1, "v2", nil))}}, plans.Options{Schemas: Schemas(k)})
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	store, err := state.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(p, k, store, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := e.Apply(context.Background(), nil)
+	mustApply(t, rep)
+	for _, st := range rep.Steps {
+		if st.Finished != "old generation" {
+			t.Errorf("%s: finished %q", st.Addr, st.Finished)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peak != 1 {
+		t.Errorf("%d members down at once, want 1", f.peak)
+	}
+	m, err := store.LoadRollouts()
+	if err != nil || len(m) != 0 {
+		t.Errorf("left in flight: %v %v", m, err)
+	}
+}
