@@ -280,6 +280,7 @@ func TestMigrateMakeBeforeBreak(t *testing.T) {
 	// At each event, what serves: the old server must run until the new one verified.
 	var order []string
 	var oldAliveWhenNewVerified, oldInstanceWhenNewVerified bool
+	began := time.Now()
 	h.applyOK("m3", func(ev agent.Event) {
 		order = append(order, ev.Phase+" "+ev.Step.Addr)
 		if ev.Phase == "done" && ev.Step.Addr == "server.qwen" {
@@ -291,6 +292,7 @@ func TestMigrateMakeBeforeBreak(t *testing.T) {
 	if strings.Join(order, ", ") != strings.Join(want, ", ") {
 		t.Errorf("events %v, want %v", order, want)
 	}
+	t.Logf("the migration's apply took %s", time.Since(began).Round(100*time.Millisecond))
 	if !oldAliveWhenNewVerified || !oldInstanceWhenNewVerified {
 		t.Errorf("when the new server was verified, the old one served: %v, its instance existed: %v (make before break)", oldAliveWhenNewVerified, oldInstanceWhenNewVerified)
 	}
