@@ -38,8 +38,9 @@ type markConfig struct {
 	// exists the mark is unfinished (agent.Finisher), and Finish removes it. Witness is
 	// a file Finish copies next to Old (Old + ".witness") as it finishes: what a
 	// dependent had written by then.
-	Old     *string `hcl:"old,optional"`
-	Witness *string `hcl:"witness,optional"`
+	Old        *string `hcl:"old,optional"`
+	Witness    *string `hcl:"witness,optional"`
+	FinishFail *bool   `hcl:"finish_fail,optional"`
 }
 
 type mark struct {
@@ -150,6 +151,9 @@ func (m *mark) Unfinished(env *agent.Env) string {
 }
 
 func (m *mark) Finish(ctx context.Context, env *agent.Env) error {
+	if m.cfg.FinishFail != nil && *m.cfg.FinishFail {
+		return errors.New("the old member is offline")
+	}
 	if m.cfg.Witness != nil {
 		w, _ := os.ReadFile(*m.cfg.Witness)
 		if err := os.WriteFile(*m.cfg.Old+".witness", w, 0o644); err != nil {
@@ -870,4 +874,45 @@ mark "srv" {
 	if !strings.Contains(h.log.String(), "finished and verified") {
 		t.Errorf("log lacks the finish:\n%s", h.log.String())
 	}
+}
+
+// TestLoopFailedFinishHoldsNoDependent: break work that fails (the old half unreachable)
+// is logged and tried again, and holds nothing back: the resource stays converged and
+// its dependents are reconciled as usual.
+func TestLoopFailedFinishHoldsNoDependent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	old := filepath.Join(dir, "old")
+	if err := os.WriteFile(old, []byte("m2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := strings.ReplaceAll(`
+variable "root" {}
+mark "ctr" {
+  path        = "ROOT/ctr"
+  value       = "m3"
+  old         = "ROOT/old"
+  finish_fail = true
+}
+mark "srv" {
+  path       = "ROOT/srv"
+  value      = "v1"
+  depends_on = [mark.ctr]
+}
+`, "ROOT", dir)
+	h := start(t, src, 50*time.Millisecond)
+	srv := filepath.Join(dir, "srv")
+	waitFor(t, "the dependent to converge", func() bool {
+		b, _ := os.ReadFile(srv)
+		return string(b) == "v1" && strings.Contains(h.log.String(), "break work failed")
+	})
+	h.write(t, strings.Replace(src, `value      = "v1"`, `value      = "v2"`, 1))
+	waitFor(t, "the dependent to converge again", func() bool {
+		b, _ := os.ReadFile(srv)
+		return string(b) == "v2"
+	})
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("the failing finish removed the old half: %v", err)
+	}
+	h.waitNote(t, "STATUS=2 resources: 2 converged, 0 failing")
 }
