@@ -432,24 +432,23 @@ func TestMigrateSurvivesSIGKILL(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGKILL) }) // by PID: this test's agent
-		seen := make(chan bool, 1)
+		seen := make(chan bool, 1) // whether it killed, once the output is read to its end
 		go func() {
+			hit := false
 			sc := bufio.NewScanner(pr)
 			for sc.Scan() {
 				if len(marker) > 0 && containsAll(sc.Text(), marker) {
+					hit = true
 					_ = cmd.Process.Signal(syscall.SIGKILL)
-					seen <- true
 					break
 				}
 			}
 			_, _ = io.Copy(io.Discard, pr)
+			seen <- hit
 		}()
 		err := cmd.Wait()
 		pw.Close()
-		select {
-		case killed = <-seen:
-		default:
-		}
+		killed = <-seen
 		if !killed && err != nil {
 			t.Fatalf("agent apply (marker %q): %v\n%s", marker, err, buf.String())
 		}
