@@ -432,7 +432,8 @@ func TestMigrateSurvivesSIGKILL(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGKILL) }) // by PID: this test's agent
-		seen := make(chan bool, 1)                                    // whether it killed, once the output is read to its end
+		// seen says whether it killed, once the output is read to its end.
+		seen := make(chan bool, 1)
 		go func() {
 			hit := false
 			sc := bufio.NewScanner(pr)
