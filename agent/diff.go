@@ -154,11 +154,14 @@ const (
 	ReasonOrphan Reason = "orphan"
 	// ReasonDestroy: `agent destroy` removes everything the plan manages.
 	ReasonDestroy Reason = "destroy"
+	// ReasonMigrate: placed on another cluster member (a container's target changed),
+	// make before break: the new one verified before the old one is stopped.
+	ReasonMigrate Reason = "migrate"
 )
 
 // Reasons lists every reason, for documentation and tests.
 var Reasons = []Reason{ReasonMissing, ReasonDiffers, ReasonIdentity, ReasonImmutable, ReasonGone, ReasonUnhealthy,
-	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy}
+	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate}
 
 // Describe is the reason for people.
 func (r Reason) Describe() string {
@@ -187,6 +190,8 @@ func (r Reason) Describe() string {
 		return "no longer in the plan"
 	case ReasonDestroy:
 		return "agent destroy"
+	case ReasonMigrate:
+		return "moves to another member, make before break"
 	}
 	return string(r)
 }

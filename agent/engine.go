@@ -287,6 +287,9 @@ type Step struct {
 	Orphan bool
 	// MovedFrom is the old address of a resource a moved block renamed.
 	MovedFrom string
+	// Finished describes the break work this apply finished after the resource's
+	// dependents verified (Finisher): a migrated container's old instance deleted.
+	Finished string
 }
 
 // Skipped reports whether the step did not run because a dependency failed, or because
@@ -386,7 +389,8 @@ func (e *Engine) each(ctx context.Context, fn func(ctx context.Context, addr str
 // Event reports progress of an apply as it happens, for live output.
 type Event struct {
 	Step *Step
-	// Phase is "start" (Diff known, about to act), or "done" (Err/Applied final).
+	// Phase is "start" (Diff known, about to act), "done" (Err/Applied final), or
+	// "finished" (the break work of a Finisher done and verified: Step.Finished).
 	Phase string
 }
 
@@ -479,6 +483,9 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 			st.Err = res // skipped, or never run because ctx ended
 			emit(st, "done")
 		}
+	}
+	if !e.destroying {
+		e.finishAll(ctx, byAddr, emit)
 	}
 	e.saveDeps(rep)
 	return rep

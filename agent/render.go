@@ -228,6 +228,8 @@ func (v *View) ApplyEvent(ev Event) {
 		case st.Applied:
 			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
 		}
+	case "finished":
+		v.printf("  ✓ %s: finished and verified: %s\n", st.Addr, st.Finished)
 	}
 }
 
@@ -254,9 +256,17 @@ func (v *View) summary(rep *Report, verb string) {
 			v.warnings(st)
 		}
 	}
+	finished := 0
+	for _, st := range rep.Steps {
+		if st.Finished != "" {
+			finished++
+		}
+	}
 	switch {
 	case failed > 0:
 		v.printf("\n%s failed: %d changed, %d failed, %d skipped.\n", verb, applied, failed, skipped)
+	case applied == 0 && finished > 0:
+		v.printf("\n%s complete: %d finished (make before break), all verified; nothing else changed.\n", verb, finished)
 	case applied == 0:
 		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
 	default:
@@ -414,8 +424,12 @@ type JSONResource struct {
 	Changes  []JSONChange `json:"changes"`
 	Warnings []string     `json:"warnings"`
 	Applied  *bool        `json:"applied,omitempty"`
-	Status   *Status      `json:"status,omitempty"`
-	Error    string       `json:"error"`
+	// Finished (apply and destroy) says what break work of a make-before-break change
+	// this run finished and verified after the resource's dependents verified: a
+	// migrated container's old instance deleted ("" when none).
+	Finished *string `json:"finished,omitempty"`
+	Status   *Status `json:"status,omitempty"`
+	Error    string  `json:"error"`
 	// SkippedBecause names the failed resource this one depends on ("" when it ran).
 	SkippedBecause string `json:"skipped_because"`
 	DurationMS     int64  `json:"duration_ms"`
@@ -498,6 +512,7 @@ func jsonResource(command string, st *Step, r *Redactor) JSONResource {
 		DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom}
 	if command == "apply" || command == "destroy" {
 		jr.Applied = &st.Applied
+		jr.Finished = &st.Finished
 	}
 	if st.Err != nil {
 		if cause, ok := st.Skipped(); ok {

@@ -117,8 +117,8 @@ type Container struct {
 	secretConf   func(key string) bool // config[key] derives from a sensitive variable: never shown
 
 	host    Host
-	mu      sync.Mutex
-	clients map[string]*incus.Client
+	clients *sync.Map // Incus socket path → *incus.Client, shared by its views (liveView)
+	base    string    // the plan's instance name, when name is its migration pair (container_migrate.go)
 
 	deletion // ensure = "absent", agent destroy, an orphan: container_delete.go
 }
@@ -184,7 +184,7 @@ func bindContainer(r *plans.Resource, c *ContainerConfig) (*Container, hcl.Diagn
 		profiles: []string{"default"}, config: map[string]string{}, secretConf: func(key string) bool { return r.SensitiveKey("config", key) },
 		devices: map[string]map[string]string{}, deviceKind: map[string]string{},
 		description: c.Description, target: deref(c.Target), userspace: deref(c.NvidiaUserspace),
-		running: true, stopTimeout: 30 * time.Second, clients: map[string]*incus.Client{},
+		running: true, stopTimeout: 30 * time.Second, clients: new(sync.Map),
 	}
 	if c.Name != nil {
 		k.name = *c.Name
@@ -378,6 +378,16 @@ type containerRecord struct {
 	Fingerprint string   `json:"fingerprint"`        // what it resolved to
 	Config      []string `json:"config"`             // config keys the agent manages
 	Devices     []string `json:"devices"`            // device names the agent manages
+
+	// A migration (container_migrate.go): Base is the plan's instance name, and
+	// Instance the live one of the pair (Base or Base-b); Building is the pair while it
+	// is built (never live yet); Retiring is the old instance, with its uuid and member,
+	// until it is stopped and deleted.
+	Base           string `json:"base,omitempty"`
+	Building       string `json:"building,omitempty"`
+	Retiring       string `json:"retiring,omitempty"`
+	RetiringUUID   string `json:"retiring_uuid,omitempty"`
+	RetiringMember string `json:"retiring_member,omitempty"`
 }
 
 // of reports whether the record is of the instance named name whose volatile.uuid is
@@ -402,6 +412,11 @@ type containerDetail struct {
 	profiles   []string // nil: unchanged
 	descr      *string
 
+	// A target change (container_migrate.go): move a stopped instance, or build the
+	// pair on the target (make before break); from is the member it is on now.
+	migrate, move bool
+	pair, from    string
+
 	restart bool // stop before the PUT and start after it
 	start   bool
 	stop    bool
@@ -418,14 +433,11 @@ func (k *Container) client(env *agent.Env) *incus.Client {
 		explicit = env.Plan.Agent.IncusSocket
 	}
 	sock := incus.SocketPath(explicit)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	c, ok := k.clients[sock]
-	if !ok {
-		c = incus.New(sock)
-		k.clients[sock] = c
+	if c, ok := k.clients.Load(sock); ok {
+		return c.(*incus.Client)
 	}
-	return c
+	c, _ := k.clients.LoadOrStore(sock, incus.New(sock))
+	return c.(*incus.Client)
 }
 
 // reachErr adds the fix to an error that is not an answer of Incus (no daemon at the
@@ -472,13 +484,11 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 	if k.absent {
 		return k.checkAbsent(ctx, env)
 	}
-	c := k.client(env)
-	var rec containerRecord
-	if env != nil && env.State != nil {
-		if _, err := env.State.Load(&rec); err != nil {
-			return nil, err
-		}
+	k, rec, err := k.liveView(env)
+	if err != nil {
+		return nil, err
 	}
+	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
 		return k.createDiff(ctx, c)
@@ -488,6 +498,12 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 	}
 	if err != nil {
 		return nil, reachErr(c, err)
+	}
+	if member := instanceMember(inst); member != "" && k.target != "" && member != k.target {
+		if err := memberOnline(ctx, c, member, k.name); err != nil {
+			return nil, err
+		}
+		return k.migrateDiff(ctx, c, env, inst, rec)
 	}
 	if err := k.placement(ctx, c, inst); err != nil {
 		return nil, err
@@ -688,7 +704,14 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 	}
 
 	if len(d.Changes) == 0 {
-		return agent.NoChange(), nil
+		d = agent.NoChange()
+	}
+	if rec.Retiring != "" {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("migration: instance %s on member %s retires (stopped and deleted) once every resource that depends on this container verified in %s",
+			rec.Retiring, noneIfEmpty(rec.RetiringMember), k.name))
+	}
+	if len(d.Changes) == 0 {
+		return d, nil
 	}
 	// A key or device that needs a restart restarts only an instance that runs and stays
 	// running; otherwise it is set in place.
@@ -789,7 +812,17 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	if k.absent {
 		return k.applyAbsent(ctx, env, det)
 	}
+	k, _, err := k.liveView(env)
+	if err != nil {
+		return err
+	}
 	c := k.client(env)
+	switch {
+	case det.move:
+		return k.applyMove(ctx, c, env, det)
+	case det.migrate:
+		return k.applyMigrate(ctx, c, env, det)
+	}
 	logf := func(msg string, args ...any) {
 		if env != nil && env.Log != nil {
 			env.Log.Info(msg, args...)
@@ -950,7 +983,7 @@ func (k *Container) save(env *agent.Env, det *containerDetail) error {
 	if det.imageRecord != "" {
 		rec.Image, rec.Fingerprint = det.imageRecord, det.fingerprint
 	}
-	rec.Instance, rec.UUID = k.name, det.uuid
+	rec.Instance, rec.UUID, rec.Base = k.name, det.uuid, k.planName()
 	rec.Config = containerKeys(k.config)
 	rec.Devices = containerKeys(k.devices)
 	return env.State.Save(rec)
@@ -972,9 +1005,9 @@ func (k *Container) saveIntent(env *agent.Env, det *containerDetail) error {
 	if !rec.of(k.name, det.uuid) || det.create || det.replace {
 		// Claims on another instance (or on the one about to be replaced) do not carry
 		// over: a new instance carries only what this apply sets.
-		rec = containerRecord{Image: rec.Image, Fingerprint: rec.Fingerprint}
+		rec = containerRecord{Image: rec.Image, Fingerprint: rec.Fingerprint, Retiring: rec.Retiring, RetiringUUID: rec.RetiringUUID, RetiringMember: rec.RetiringMember}
 	}
-	rec.Instance, rec.UUID = k.name, det.uuid
+	rec.Instance, rec.UUID, rec.Base = k.name, det.uuid, k.planName()
 	if det.create || det.replace {
 		rec.UUID = "" // the new instance's is not known before it exists
 	}
@@ -1179,6 +1212,10 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 	if k.absent {
 		return k.absentStatus(ctx, env)
 	}
+	k, rec, err := k.liveView(env)
+	if err != nil {
+		return nil, err
+	}
 	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
@@ -1250,6 +1287,12 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 	}
 	if len(disks) > 0 {
 		st.Fields = append(st.Fields, agent.TextField("disks", "disks", strings.Join(disks, "; ")))
+	}
+	if k.base != "" {
+		st.Fields = append(st.Fields, agent.TextField("instance", "instance", k.name))
+	}
+	if rec.Retiring != "" {
+		st.Fields = append(st.Fields, agent.TextField("retiring", "retiring", fmt.Sprintf("%s on %s (a migration: deleted once its dependents verify)", rec.Retiring, noneIfEmpty(rec.RetiringMember))))
 	}
 	if v := inst.ExpandedConfig["nvidia.runtime"]; v == "true" {
 		st.Fields = append(st.Fields, agent.BoolField("nvidia_runtime", "nvidia_runtime", true))

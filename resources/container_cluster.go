@@ -20,8 +20,8 @@ import (
 // host's), and a member that is offline is an observed state, not a guess built from
 // the cluster database's stale view of the instance.
 
-// placement checks the member that holds an existing instance: online, the plan's target
-// when it names one, and the GPUs its gpu devices select. An instance on a lone
+// placement checks the member that holds an existing instance: online, and the GPUs its
+// gpu devices select. An instance on a lone
 // (unclustered) daemon has no member.
 func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.Instance) error {
 	member := instanceMember(inst)
@@ -31,11 +31,8 @@ func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.
 	if err := memberOnline(ctx, c, member, k.name); err != nil {
 		return err
 	}
-	if k.target != "" && member != k.target {
-		// Terminal: retrying cannot move the instance; the plan or the instance must change.
-		return agent.Terminal(fmt.Errorf("instance %s runs on member %s, but the plan's target is %s: the agent does not move instances yet. Set target = %q, or stop it and move it yourself (incus move %s --target %s)",
-			k.name, member, k.target, member, k.name, k.target))
-	}
+	// A member other than the target is a migration (container_migrate.go), decided
+	// before placement is checked.
 	return k.checkMemberGPUs(ctx, c, member)
 }
 

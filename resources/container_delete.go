@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -27,7 +28,7 @@ func (k *Container) Absent() bool { return k.absent && k.why == agent.ReasonEnsu
 
 // AsAbsent is the container as agent destroy deletes it.
 func (k *Container) AsAbsent() agent.Resource {
-	return &Container{addr: k.addr, name: k.name, host: k.host, stopTimeout: k.stopTimeout, clients: map[string]*incus.Client{},
+	return &Container{addr: k.addr, name: k.name, host: k.host, stopTimeout: k.stopTimeout, clients: new(sync.Map),
 		deletion: deletion{absent: true, why: agent.ReasonDestroy}}
 }
 
@@ -55,11 +56,15 @@ func orphanContainer(h Host, addr string, st *state.Scoped) (agent.Resource, err
 	if rec.Instance == "" {
 		return leftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not name its instance: left alone; delete the instance yourself (incus delete), then %s.json in the state directory's resources/", addr)}, nil
 	}
-	return &Container{addr: addr, name: rec.Instance, host: h, stopTimeout: 30 * time.Second, clients: map[string]*incus.Client{},
+	return &Container{addr: addr, name: rec.Instance, host: h, stopTimeout: 30 * time.Second, clients: new(sync.Map),
 		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}, nil
 }
 
 func (k *Container) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+	k, _, err := k.liveView(env) // the live one of a migrated pair
+	if err != nil {
+		return nil, err
+	}
 	c := k.client(env)
 	var rec containerRecord
 	has, err := env.State.Load(&rec)
@@ -104,6 +109,10 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	if det.forget {
 		return env.State.Delete()
 	}
+	k, _, err := k.liveView(env)
+	if err != nil {
+		return err
+	}
 	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
@@ -114,6 +123,9 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	}
 	if det.uuid != "" && inst.Config["volatile.uuid"] != det.uuid {
 		return fmt.Errorf("instance %s changed since it was observed (another uuid): not deleted; plan again", k.name)
+	}
+	if err := k.Finish(ctx, env); err != nil { // a migration's retiring instance goes too, first
+		return err
 	}
 	if err := k.stop(ctx, c, env); err != nil {
 		return fmt.Errorf("delete instance %s: %w", k.name, err)

@@ -99,9 +99,10 @@ const (
 type Server struct {
 	addr, name     string
 	host           Host
-	container      string   // the Incus instance it runs in; "" on the host
-	place          string   // "host" or "container NAME": part of the identity
-	clients        sync.Map // Incus socket path → *incus.Client, shared by runs
+	container      string    // the Incus instance it runs in; "" on the host
+	place          string    // "host" or "container NAME": part of the identity
+	retiringPlace  string    // in a view (liveView): the place of the instance a migration retires
+	clients        *sync.Map // Incus socket path → *incus.Client, shared by runs and views
 	command        []string
 	flags          []serverFlag
 	args           []string
@@ -159,7 +160,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: rng.Ptr()})
 	}
 	s := &Server{
-		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env,
+		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env, clients: new(sync.Map),
 		workdir: defaultWorkdir, user: deref(c.User), takeover: deref(c.Takeover),
 		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
 		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout, Settle: DefaultSettle},
@@ -513,6 +514,10 @@ type serverRecord struct {
 	// yet): an agent killed between the start and the record leaves it, and the next
 	// Check adopts the process its marker names instead of starting a second server.
 	Pending *serverRecord `json:"pending,omitempty"`
+	// Retiring is the generation a migration keeps serving in the container's old
+	// instance until the launch in the new one is verified (server_migrate.go): stopped
+	// with proof by Finish, then forgotten.
+	Retiring *serverRecord `json:"retiring,omitempty"`
 
 	// The launched identity.
 	Place   string            `json:"place"`
@@ -698,6 +703,9 @@ type serverDetail struct {
 	verify bool
 	// stopped is set by Apply once it stopped prev's live process (server_checkfirst.go).
 	stopped bool
+	// migrate: prev runs in the instance its container's migration retires; it is kept
+	// running (Retiring) while the new generation launches (server_migrate.go).
+	migrate bool
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -705,6 +713,7 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if s.absent {
 		return s.checkAbsent(env)
 	}
+	s = s.liveView(env)
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
 	if err != nil {
@@ -754,6 +763,10 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if d != nil && noEndpoint != nil {
 		d.Warnings = append(d.Warnings, noEndpoint.Error())
 	}
+	if d != nil && has && rec.Retiring != nil {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("migration: generation %d (pid %d) in %s keeps serving until this one and everything that depends on it verified; then it is stopped, verified",
+			rec.Retiring.Generation, rec.Retiring.PID, rec.Retiring.Place))
+	}
 	if err == nil && d != nil && launches(d) {
 		var prev *serverRecord
 		if has {
@@ -773,6 +786,11 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 	rec := *rec0
 	if alive {
 		if changes := s.identityChanges(&rec); len(changes) > 0 {
+			if s.migrating(&rec) {
+				d := &agent.Diff{Changes: changes, Detail: &serverDetail{prev: &rec, migrate: true}}
+				s.markMigration(d, &rec)
+				return d, nil
+			}
 			return &agent.Diff{Changes: changes, Detail: &serverDetail{prev: &rec, stop: true}}, nil
 		}
 		if !rec.verified() {
@@ -1092,6 +1110,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if s.absent {
 		return s.applyAbsent(ctx, env, det)
 	}
+	s = s.liveView(env)
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil {
 		return err // before anything is stopped
@@ -1166,6 +1185,8 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	intent := want
 	intent.Generation, intent.Marker = gen, marker
 	intent.LogPath = lifecycle.LogFile{Dir: s.logDir, Name: s.name, Generation: gen}.Path()
+	retiring := retiringOf(det) // kept serving until Finish (a migration), in every record from here
+	intent.Retiring = retiring
 	var held serverRecord
 	if det.prev != nil {
 		held = *det.prev
@@ -1183,6 +1204,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			rec.Generation, rec.PID, rec.StartTicks, rec.PGID, rec.SID = gen, x.ID.PID, x.ID.StartTicks, x.PGID, x.SID
 			rec.PIDNS = x.NS
 			rec.Marker, rec.LogPath, rec.LaunchedAt = marker, x.LogPath, x.LaunchedAt
+			rec.Retiring = retiring
 			env.Log.Info("launched", "generation", gen, "pid", x.ID.PID, "log", x.LogPath)
 			return env.State.Save(&rec)
 		},
@@ -1251,6 +1273,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if !has {
 		return s.unlaunchedStatus(ctx, env), nil
 	}
+	s = s.liveView(env)
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil && !errors.Is(err, errNoEndpoint) {
 		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil
@@ -1278,6 +1301,9 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		gen += " (adopted: not launched by this agent)"
 	}
 	field(agent.NumberField("generation", "generation", rec.Generation).WithText(gen))
+	if r := rec.Retiring; r != nil {
+		field(agent.TextField("retiring", "retiring", fmt.Sprintf("generation %d (pid %d) in %s: a migration's old server, stopped once this one and its dependents verified", r.Generation, r.PID, r.Place)))
+	}
 	var m sglang.Metrics
 	if s.container != "" {
 		field(agent.TextField("container", "container", s.container))

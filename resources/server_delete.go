@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,7 +37,7 @@ func (s *Server) Absent() bool { return s.absent && s.why == agent.ReasonEnsureA
 
 // AsAbsent is the server as agent destroy deletes it.
 func (s *Server) AsAbsent() agent.Resource {
-	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port,
+	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port, clients: new(sync.Map),
 		stopSignal: s.stopSignal, stopTimeout: s.stopTimeout, ready: lifecycle.Ready{Timeout: time.Second}, logDir: s.logDir,
 		deletion: deletion{absent: true, why: agent.ReasonDestroy}}
 }
@@ -64,7 +65,7 @@ func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error)
 		return nil, nil
 	}
 	_, name, _ := strings.Cut(addr, ".")
-	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port,
+	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port, clients: new(sync.Map),
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout, ready: lifecycle.Ready{Timeout: time.Second},
 		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}
 	if c, ok := strings.CutPrefix(rec.Place, lifecycle.IncusPlace("")); ok {
@@ -121,6 +122,15 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 	rec := det.prev
 	if rec == nil {
 		return nil
+	}
+	if r := rec.Retiring; r != nil { // a migration's old generation goes too, first
+		if err := s.stopRetiring(ctx, env, r); err != nil {
+			return err
+		}
+		rec.Retiring = nil
+		if err := env.State.Save(rec); err != nil {
+			return err
+		}
 	}
 	lc, err := s.lifecycleAt(ctx, env, rec.Place)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -26,7 +27,11 @@ func (s *Server) incusRunner(env *agent.Env, name string) *lifecycle.Incus {
 		explicit = env.Plan.Agent.IncusSocket
 	}
 	sock := incus.SocketPath(explicit)
-	cached, _ := s.clients.LoadOrStore(sock, incus.New(sock))
+	clients := s.clients
+	if clients == nil { // a Server built by hand (tests): no cache
+		clients = new(sync.Map)
+	}
+	cached, _ := clients.LoadOrStore(sock, incus.New(sock))
 	return &lifecycle.Incus{Client: cached.(*incus.Client), Instance: name, Proc: s.host.Proc, Remote: s.host.IncusRemote}
 }
 

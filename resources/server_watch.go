@@ -46,6 +46,7 @@ func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
 	if !has || rec.Pending != nil || rec.PID <= 0 {
 		return agent.ErrNothingToWatch
 	}
+	s = s.liveView(env)
 	if s.ready.HTTP == "" || s.port <= 0 || !rec.UnreadySince.IsZero() || rec.Place != s.place {
 		return s.watchRecord(ctx, env, &rec)
 	}

@@ -34,6 +34,13 @@ type markConfig struct {
 	Terminal *bool  `hcl:"terminal,optional"` // fails with an error retrying cannot fix
 	Hang     *bool  `hcl:"hang,optional"`     // Apply hangs, deaf to its context, until the test ends
 	Timeout  string `hcl:"timeout,optional"`  // the step timeout (Timeouter)
+	// Old is a file standing for the old half of a make-before-break change: while it
+	// exists the mark is unfinished (agent.Finisher), and Finish removes it. Witness is
+	// a file Finish copies next to Old (Old + ".witness") as it finishes: what a
+	// dependent had written by then.
+	Old        *string `hcl:"old,optional"`
+	Witness    *string `hcl:"witness,optional"`
+	FinishFail *bool   `hcl:"finish_fail,optional"`
 }
 
 type mark struct {
@@ -131,6 +138,29 @@ func (o markOrphan) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 		return err
 	}
 	return env.State.Delete()
+}
+
+func (m *mark) Unfinished(env *agent.Env) string {
+	if m.cfg.Old == nil {
+		return ""
+	}
+	if _, err := os.Stat(*m.cfg.Old); err != nil {
+		return ""
+	}
+	return "old half " + *m.cfg.Old
+}
+
+func (m *mark) Finish(ctx context.Context, env *agent.Env) error {
+	if m.cfg.FinishFail != nil && *m.cfg.FinishFail {
+		return errors.New("the old member is offline")
+	}
+	if m.cfg.Witness != nil {
+		w, _ := os.ReadFile(*m.cfg.Witness)
+		if err := os.WriteFile(*m.cfg.Old+".witness", w, 0o644); err != nil {
+			return err
+		}
+	}
+	return os.Remove(*m.cfg.Old)
 }
 
 func (m *mark) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
@@ -800,4 +830,89 @@ mark "b" {
 	}
 	h.write(t, strings.Replace(onlyA, "prune = false", "prune = true", 1))
 	waitFor(t, "the orphan pruned", func() bool { _, err := os.Stat(b); return errors.Is(err, os.ErrNotExist) })
+}
+
+// TestLoopFinishesOnceDependentsConverged: the break work of a make-before-break change
+// (agent.Finisher) waits while a dependent fails (the old half keeps serving) and is done
+// once every dependent last verified converged, after the dependent's own apply.
+func TestLoopFinishesOnceDependentsConverged(t *testing.T) {
+	t.Parallel()
+	const src = `
+variable "root" {}
+mark "ctr" {
+  path    = "${var.root}/ctr"
+  value   = "m3"
+  old     = "${var.root}/old"
+  witness = "${var.root}/srv"
+}
+mark "srv" {
+  path       = "${var.root}/srv"
+  value      = "in m3"
+  fail       = true
+  depends_on = [mark.ctr]
+}
+`
+	dir := t.TempDir()
+	old := filepath.Join(dir, "old")
+	if err := os.WriteFile(old, []byte("m2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := start(t, strings.ReplaceAll(src, "${var.root}", dir), 50*time.Millisecond)
+	srv := filepath.Join(dir, "srv")
+	waitFor(t, "the dependent to fail twice", func() bool { return h.applies.get(srv) >= 2 })
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("the old half was removed while its dependent failed: %v", err)
+	}
+	h.write(t, strings.ReplaceAll(strings.Replace(src, "  fail       = true\n", "", 1), "${var.root}", dir))
+	waitFor(t, "the old half to be removed", func() bool {
+		_, err := os.Stat(old)
+		return os.IsNotExist(err)
+	})
+	if w, err := os.ReadFile(old + ".witness"); err != nil || string(w) != "in m3" {
+		t.Errorf("finished before the dependent converged: it had written %q (%v)", w, err)
+	}
+	if !strings.Contains(h.log.String(), "finished and verified") {
+		t.Errorf("log lacks the finish:\n%s", h.log.String())
+	}
+}
+
+// TestLoopFailedFinishHoldsNoDependent: break work that fails (the old half unreachable)
+// is logged and tried again, and holds nothing back: the resource stays converged and
+// its dependents are reconciled as usual.
+func TestLoopFailedFinishHoldsNoDependent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	old := filepath.Join(dir, "old")
+	if err := os.WriteFile(old, []byte("m2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := strings.ReplaceAll(`
+variable "root" {}
+mark "ctr" {
+  path        = "ROOT/ctr"
+  value       = "m3"
+  old         = "ROOT/old"
+  finish_fail = true
+}
+mark "srv" {
+  path       = "ROOT/srv"
+  value      = "v1"
+  depends_on = [mark.ctr]
+}
+`, "ROOT", dir)
+	h := start(t, src, 50*time.Millisecond)
+	srv := filepath.Join(dir, "srv")
+	waitFor(t, "the dependent to converge", func() bool {
+		b, _ := os.ReadFile(srv)
+		return string(b) == "v1" && strings.Contains(h.log.String(), "break work failed")
+	})
+	h.write(t, strings.Replace(src, `value      = "v1"`, `value      = "v2"`, 1))
+	waitFor(t, "the dependent to converge again", func() bool {
+		b, _ := os.ReadFile(srv)
+		return string(b) == "v2"
+	})
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("the failing finish removed the old half: %v", err)
+	}
+	h.waitNote(t, "STATUS=2 resources: 2 converged, 0 failing")
 }

@@ -180,6 +180,9 @@ func (d *Daemon) process(addr string) {
 
 	ctx := d.withStopProgress(agent.WithPhase(d.work, d.notePhase), addr)
 	st := eng.Reconcile(ctx, addr)
+	if st.Err == nil {
+		d.finishWork(ctx, eng, gen, addr, st)
+	}
 	if d.debugOn() {
 		d.log.Debug("reconciled", append([]any{"resource", addr}, verdict(st)...)...)
 	}
@@ -347,6 +350,11 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 		if !was || st.Applied {
 			for _, dep := range eng.Dependents(addr) {
 				d.queue.Add(dep)
+			}
+			// What it depends on may have break work that waited for it (a migrated
+			// container's old instance): looked at again now.
+			for _, up := range unfinishedDeps(eng, addr) {
+				d.queue.Add(up)
 			}
 		}
 		d.armWatch(eng, gen, addr, rs)
@@ -543,4 +551,57 @@ func (d *Daemon) publish() {
 	if rep != nil {
 		d.metrics.setStatus(rep, p)
 	}
+}
+
+// finishWork does addr's break work (agent.Finisher), once addr itself verified
+// converged and every resource of the plan that depends on it last verified converged
+// under this engine: a migrated container's old instance is deleted only after the
+// server in the new one is ready. Left waiting, it is done when a dependent converges.
+func (d *Daemon) finishWork(ctx context.Context, eng *agent.Engine, gen int, addr string, st *agent.Step) {
+	what := eng.Unfinished(addr)
+	if what == "" {
+		return
+	}
+	d.mu.Lock()
+	var waiting []string
+	for _, dep := range eng.PlanDependents(addr) {
+		if rs := d.res[dep]; rs == nil || !rs.converged || rs.gen != gen {
+			waiting = append(waiting, dep)
+		}
+	}
+	d.mu.Unlock()
+	if len(waiting) > 0 {
+		d.log.Info("break work waits for dependents to converge", "resource", addr, "work", what, "waiting_for", waiting)
+		return
+	}
+	if err := eng.Finish(ctx, addr); err != nil {
+		// The new half serves and verified: a failed finish (the old member offline)
+		// must not hold the resource's dependents back from their repairs. Its Check
+		// keeps saying what is left; it is tried again at each reconcile.
+		d.log.Error("break work failed; tried again at its next reconcile", "resource", addr, "work", what, "error", err)
+		return
+	}
+	st.Finished = what
+}
+
+// unfinishedDeps are the resources addr depends on, directly or not, that have break
+// work left.
+func unfinishedDeps(eng *agent.Engine, addr string) []string {
+	var out []string
+	seen := map[string]bool{}
+	var walk func(a string)
+	walk = func(a string) {
+		for _, dep := range eng.Deps(a) {
+			if seen[dep] {
+				continue
+			}
+			seen[dep] = true
+			if eng.Unfinished(dep) != "" {
+				out = append(out, dep)
+			}
+			walk(dep)
+		}
+	}
+	walk(addr)
+	return out
 }

@@ -16,10 +16,12 @@ import (
 	"time"
 )
 
-// initScript is the image's /sbin/init: it idles until Incus asks for a clean
-// shutdown (SIGPWR, LXC's default halt signal) and then exits, which stops the
-// container. SIGTERM is honoured too.
+// initScript is the image's /sbin/init: it brings the loopback interface up (as
+// any distribution's init does: a proxy device connects to 127.0.0.1 inside), then
+// idles until Incus asks for a clean shutdown (SIGPWR, LXC's default halt signal)
+// and exits, which stops the container. SIGTERM is honoured too.
 const initScript = `#!/bin/sh
+ip link set lo up 2>/dev/null
 trap 'exit 0' PWR TERM
 while :; do
 	sleep 3600 &
