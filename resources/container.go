@@ -390,6 +390,18 @@ type containerRecord struct {
 	RetiringMember string `json:"retiring_member,omitempty"`
 }
 
+// leftover is the other half of a migration the record still holds: the retiring
+// instance, or a pair built but never made live. "" when none.
+func (r containerRecord) leftover() string {
+	if r.Retiring != "" {
+		return r.Retiring
+	}
+	if r.Building != "" && r.Building != r.Instance {
+		return r.Building
+	}
+	return ""
+}
+
 // of reports whether the record is of the instance named name whose volatile.uuid is
 // uuid. Records from before names and uuids were kept are taken as the instance's.
 func (r containerRecord) of(name, uuid string) bool {

@@ -85,6 +85,15 @@ func (k *Container) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Dif
 		return d.Derive(), nil
 	}
 	if notFound {
+		if left := rec.leftover(); has && left != "" {
+			// The live instance is gone, but a migration's other half is not: it
+			// leaves the host too (applyAbsent finishes it, verified).
+			d := &agent.Diff{Detail: &containerDetail{remove: true}}
+			c0 := agent.Removed("instance", agent.Raw(fmt.Sprintf("%s (a migration's other half; %s is gone)", left, k.name))).Because(agent.Deletes, k.why)
+			c0.Note = k.why.Describe() + "; disk devices' host directories and storage volumes are kept"
+			d.Add(c0)
+			return d.Derive(), nil
+		}
 		return forget(fmt.Sprintf("instance %s is gone", k.name))
 	}
 	uuid := inst.Config["volatile.uuid"]
@@ -116,6 +125,10 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
+		// A migration's other half goes too, verified, before the record does.
+		if err := k.Finish(ctx, env); err != nil {
+			return err
+		}
 		return env.State.Delete()
 	}
 	if err != nil {

@@ -548,3 +548,46 @@ func TestMigrateInterruptedThenTargetBack(t *testing.T) {
 		t.Errorf("record %+v %v", rec, err)
 	}
 }
+
+// TestAbsentDeletesAMigrationsOtherHalf: the live instance of a container is gone (deleted
+// by hand) while its record still holds the other half of an interrupted migration (a
+// pair built on m3). ensure = "absent" deletes that half too, verified, before it drops
+// the record: what leaves the plan leaves the host, also half of a migration.
+func TestAbsentDeletesAMigrationsOtherHalf(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := newClusterCtr(t, c)
+	ctx := context.Background()
+	h.apply(`  target = "m2"`)
+	pair := h.name + "-b"
+	t.Cleanup(func() { removeInstance(t, c.Client, pair) })
+	var rec containerRecord
+	if _, err := h.store.Load("container.c", &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Building = pair
+	if err := h.store.Save("container.c", rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.CreateInstance(ctx, incus.InstancesPost{Name: pair, Source: incus.InstanceSource{Alias: "busybox"}, Target: "m3"}); err != nil {
+		t.Fatal(err)
+	}
+	removeInstance(t, c.Client, h.name)
+
+	absent := "  target = \"m2\"\n  ensure = \"absent\""
+	st := h.plan(absent)
+	if st.Err != nil || st.Diff.Action != agent.Delete || !strings.Contains(fmt.Sprint(st.Diff.Changes), pair) {
+		t.Fatalf("plan: %v %+v, want a delete of %s", st.Err, st.Diff, pair)
+	}
+	if st := h.engine(absent).Apply(ctx, nil).Steps[0]; st.Err != nil || !st.Applied {
+		t.Fatalf("apply: %v (applied %v)", st.Err, st.Applied)
+	}
+	if _, _, err := c.Client.GetInstance(ctx, pair); !incus.IsNotFound(err) {
+		t.Errorf("the migration's other half %s is still there: %v", pair, err)
+	}
+	if has, _ := h.store.Load("container.c", &containerRecord{}); has {
+		t.Error("the record is kept after the delete")
+	}
+	if st := h.plan(absent); st.Err != nil || st.Diff.Action != agent.NoOp {
+		t.Errorf("plan after the delete: %v %+v", st.Err, st.Diff)
+	}
+}
