@@ -163,6 +163,19 @@ func (d *Daemon) process(addr string) {
 		}
 		d.mu.Lock()
 	} else if now.Before(rs.until) {
+		if rs.converged && rs.gen == gen {
+			// Its last repair was verified, but came soon after the one before (a
+			// crash loop's backoff): the backoff holds its next repair, not the truth
+			// about it. Observed, never acted on: while it still matches the plan it is
+			// converged and serving, and says so.
+			rs.inFlight = true
+			d.mu.Unlock()
+			if d.heldButConverged(eng, gen, addr, rs) {
+				return
+			}
+			d.mu.Lock()
+			rs.inFlight = false
+		}
 		// Queued while it waits (its watch saw it die again): not converged, whatever
 		// it was, until a reconcile says so.
 		rs.converged = false
@@ -210,6 +223,31 @@ func (d *Daemon) terminalHeld(eng *agent.Engine, gen int, addr string, rs *resSt
 	}
 	rs.step = &agent.Step{Addr: addr, Diff: diff, Err: fmt.Errorf("%s: %w (terminal error: %s)", addr, ErrTerminalHold, lastFailure(rs))}
 	d.queue.AddAfter(addr, d.resync())
+	go d.publish()
+	return true
+}
+
+// heldButConverged observes a resource whose next repair waits out a backoff, and
+// reports whether it still matches the plan: then it stays converged (its dependents go
+// on, /status says healthy), its watch is armed again and it is looked at again at its
+// resync or when its backoff ends, whichever comes first.
+func (d *Daemon) heldButConverged(eng *agent.Engine, gen int, addr string, rs *resState) bool {
+	began := time.Now()
+	diff, err := eng.Observe(agent.WithPhase(d.work, d.notePhase), addr)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs.inFlight, rs.phase = false, ""
+	if err != nil || diff == nil || diff.Action != agent.NoOp || d.engGen != gen {
+		return false
+	}
+	st := &agent.Step{Addr: addr, Diff: diff, Duration: time.Since(began)}
+	if d.debugOn() {
+		d.log.Debug("reconciled", append(append([]any{"resource", addr}, verdict(st)...),
+			"backoff_next_try_in", time.Until(rs.until).Round(time.Millisecond).String())...)
+	}
+	rs.step, rs.done = st, time.Now()
+	d.armWatch(eng, gen, addr, rs)
+	d.queue.AddAfter(addr, min(d.resync(), time.Until(rs.until)))
 	go d.publish()
 	return true
 }

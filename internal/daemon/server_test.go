@@ -413,3 +413,52 @@ func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 		t.Error("a server within its unhealthy_grace was relaunched")
 	}
 }
+
+// A server killed moments after a verified launch is relaunched at once, and that repair
+// starts a crash loop's backoff. The backoff holds the next repair, never the truth:
+// while the relaunched generation runs and matches the plan, /status says it is healthy
+// and converged (resyncs observe it, nothing acts). A second death within the backoff
+// waits it out, and says so.
+func TestBackoffAfterAVerifiedRepairStillReportsHealthy(t *testing.T) {
+	t.Parallel()
+	fake := testbin.FakeSGLang(t)
+	root := t.TempDir()
+	t.Cleanup(func() { testbin.KillServers(root) })
+	stateDir := ""
+	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "settle=200ms"},
+		func(c *Config) {
+			stateDir, c.Interval = c.StateDir, 300*time.Millisecond
+			c.BackoffMin, c.BackoffMax = 30*time.Second, time.Minute
+		})
+	healthy := func(gen int) func() bool {
+		return func() bool {
+			r := statusOf(t, base, "server.qwen")
+			return r.Error == "" && r.Status != nil && r.Status.Healthy && readRecord(stateDir).Generation == gen
+		}
+	}
+	waitLong(t, "generation 1 verified", 60*time.Second, healthy(1))
+	if err := syscall.Kill(readRecord(stateDir).PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitLong(t, "generation 2 verified", 60*time.Second, healthy(2))
+	waitLong(t, "the crash loop's backoff", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), `msg="crash loop: repaired again soon after it was verified; its next repair waits" resource=server.qwen`)
+	})
+	// Several resyncs within the backoff: healthy at each, and observed, not acted on.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if r := statusOf(t, base, "server.qwen"); r.Error != "" || r.Status == nil || !r.Status.Healthy {
+			t.Fatalf("a running, verified server reads as not converged during its backoff: error %q, status %+v", r.Error, r.Status)
+		}
+	}
+	// Dead again within the backoff: not relaunched before it ends, and /status says why.
+	pid := readRecord(stateDir).PID
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitLong(t, "the backoff shown", 10*time.Second, func() bool {
+		return strings.Contains(statusOf(t, base, "server.qwen").Error, "waiting before the next try")
+	})
+	if g := readRecord(stateDir).Generation; g != 2 {
+		t.Errorf("relaunched within its backoff: generation %d", g)
+	}
+}
