@@ -65,6 +65,11 @@ type Options struct {
 	// a process (the reconcile loop's, one per plan reload) so that they count the same
 	// disruptions. Nil: the engine makes its own when the plan has rollout groups.
 	Rollouts *Rollouts
+	// StepContext, when set, derives the context of each guarded step of a resource
+	// (observe, apply, status) from the run's: how a caller hears, per address, of what a
+	// step reports through its context (a long stop's progress) without the engine
+	// knowing what that is.
+	StepContext func(ctx context.Context, addr string) context.Context
 }
 
 // Engine runs a bound plan against the host.
@@ -228,6 +233,9 @@ func (e *Engine) timeout(addr string) time.Duration {
 func (e *Engine) guard(ctx context.Context, addr, what string, fn func(ctx context.Context) error) (err error) {
 	limit := e.timeout(addr)
 	notePhase(ctx, addr, what, limit)
+	if e.opts.StepContext != nil {
+		ctx = e.opts.StepContext(ctx, addr)
+	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	defer func() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/plans"
@@ -41,10 +42,22 @@ func (r *Redactor) String(s string) string {
 type View struct {
 	W      io.Writer
 	Redact *Redactor
+	// mu keeps lines whole: progress (Progress) comes from the goroutine of the step
+	// that reports it, beside the engine's events.
+	mu sync.Mutex
 }
 
 func (v *View) printf(format string, args ...any) {
-	fmt.Fprint(v.W, v.Redact.String(fmt.Sprintf(format, args...)))
+	line := v.Redact.String(fmt.Sprintf(format, args...))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	fmt.Fprint(v.W, line)
+}
+
+// Progress prints where a long step of addr stands, between its start and done events
+// ("  … server.qwen: stopping pid 4711, 10 s of 30 s, SIGTERM sent; 1 process left").
+func (v *View) Progress(addr, what string) {
+	v.printf("  … %s: %s\n", addr, what)
 }
 
 // Plan prints the diff of a plan run, terraform-style.

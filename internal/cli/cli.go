@@ -20,6 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -187,6 +188,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	}
 	red := agent.NewRedactor(secrets)
 	log = slog.New(agent.NewRedactingHandler(log.Handler(), red))
+	view := &agent.View{W: stdout, Redact: red}
 	if diags.HasErrors() {
 		return invalid(cmd, p, diags, o.json, stdout, stderr)
 	}
@@ -236,6 +238,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		Orphans:        agent.OrphansDelete,
 		AllowDeleteAll: o.allowDelAll,
 		Probe:          o.smoke,
+		StepContext:    stopProgress(cmd, o.json, view),
 	})
 	if err != nil {
 		return fail(err)
@@ -248,7 +251,6 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		defer lock.Release()
 	}
 
-	view := &agent.View{W: stdout, Redact: red}
 	switch cmd {
 	case "plan":
 		rep := eng.Plan(ctx)
@@ -339,4 +341,19 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 		return nil, errors.New("--log-level: want debug, info, warn or error")
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// stopProgress is the engine's StepContext of apply and destroy for people: a stop
+// that waits for a server to exit prints where it stands every few seconds
+// (internal/proc measures, the view prints), instead of a minute of silence before
+// "deleted and verified". --json prints one document, so nothing there.
+func stopProgress(cmd string, asJSON bool, view *agent.View) func(context.Context, string) context.Context {
+	if asJSON || (cmd != "apply" && cmd != "destroy") {
+		return nil
+	}
+	return func(ctx context.Context, addr string) context.Context {
+		return proc.WithStopProgress(ctx, proc.DefaultStopProgressEvery, func(p proc.StopProgress) {
+			view.Progress(addr, "stopping "+p.String())
+		})
+	}
 }

@@ -8,10 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
@@ -24,7 +21,7 @@ import (
 // at, what was seen, and what it waits for.
 
 // DefaultStopProgress is how often a stop that waits for a server to exit is logged.
-const DefaultStopProgress = 5 * time.Second
+const DefaultStopProgress = proc.DefaultStopProgressEvery
 
 // logStart is the first line of a running loop: what it is, what it runs, where it keeps
 // its records and how it acts, so that a journal read weeks later says which agent did
@@ -85,29 +82,10 @@ func (d *Daemon) traceQueue(addr, what string, after time.Duration) {
 func (d *Daemon) withStopProgress(ctx context.Context, addr string) context.Context {
 	every := orDefault(d.cfg.StopProgress, DefaultStopProgress)
 	return proc.WithStopProgress(ctx, every, func(p proc.StopProgress) {
-		d.log.Info(fmt.Sprintf("stopping %s: pid %d, %s of %s, %s sent; %s left", addr, p.Leader.PID,
-			seconds(p.Waited), seconds(p.Wait), signalName(p.Signal), processes(p.Left)),
-			"resource", addr, "pid", p.Leader.PID, "signal", signalName(p.Signal),
+		d.log.Info(fmt.Sprintf("stopping %s: %s", addr, p),
+			"resource", addr, "pid", p.Leader.PID, "signal", p.SignalName(),
 			"waited", p.Waited.Round(time.Millisecond).String(), "wait", p.Wait.String(), "left", p.Left)
 	})
-}
-
-// seconds is a wait as people say it: "10 s".
-func seconds(d time.Duration) string { return fmt.Sprintf("%.0f s", d.Seconds()) }
-
-// signalName is the signal as a unit file writes it: SIGTERM.
-func signalName(s syscall.Signal) string {
-	if n := unix.SignalName(s); n != "" {
-		return n
-	}
-	return s.String()
-}
-
-func processes(n int) string {
-	if n == 1 {
-		return "1 process"
-	}
-	return fmt.Sprintf("%d processes", n)
 }
 
 // debugOn reports whether debug lines would be written (to skip building them).

@@ -2,9 +2,16 @@ package proc
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
+
+// DefaultStopProgressEvery is how often the loop's log and `agent apply`/`destroy` report
+// a stop that waits for a server to exit.
+const DefaultStopProgressEvery = 5 * time.Second
 
 // StopProgress is what a stop reports while it waits (WithStopProgress): a server that
 // takes a minute to drain its requests after SIGTERM is a minute of silence otherwise.
@@ -16,6 +23,27 @@ type StopProgress struct {
 	Waited, Wait time.Duration
 	// Left is how many of the processes signalled are not yet seen gone.
 	Left int
+}
+
+// String is the report as people read it: "pid 4711, 10 s of 30 s, SIGTERM sent; 1
+// process left".
+func (p StopProgress) String() string {
+	return fmt.Sprintf("pid %d, %.0f s of %.0f s, %s sent; %s left", p.Leader.PID, p.Waited.Seconds(), p.Wait.Seconds(), p.SignalName(), processes(p.Left))
+}
+
+// SignalName is the signal as a unit file writes it: SIGTERM.
+func (p StopProgress) SignalName() string {
+	if n := unix.SignalName(p.Signal); n != "" {
+		return n
+	}
+	return p.Signal.String()
+}
+
+func processes(n int) string {
+	if n == 1 {
+		return "1 process"
+	}
+	return fmt.Sprintf("%d processes", n)
 }
 
 type stopProgressKey struct{}

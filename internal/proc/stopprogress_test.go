@@ -50,3 +50,19 @@ func TestStopReportsProgress(t *testing.T) {
 		t.Errorf("%d progress reports after Stop returned", after-len(got))
 	}
 }
+
+func TestStopProgressString(t *testing.T) {
+	for _, c := range []struct {
+		p    StopProgress
+		want string
+	}{
+		{StopProgress{Leader: Identity{PID: 4711}, Signal: syscall.SIGTERM, Waited: 10400 * time.Millisecond, Wait: 30 * time.Second, Left: 1},
+			"pid 4711, 10 s of 30 s, SIGTERM sent; 1 process left"},
+		{StopProgress{Leader: Identity{PID: 12}, Signal: syscall.SIGKILL, Waited: 2 * time.Second, Wait: 5 * time.Second, Left: 3},
+			"pid 12, 2 s of 5 s, SIGKILL sent; 3 processes left"},
+	} {
+		if got := c.p.String(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.p, got, c.want)
+		}
+	}
+}
