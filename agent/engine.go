@@ -77,10 +77,12 @@ type Engine struct {
 	plan      *plans.Plan
 	resources map[string]Resource
 	graph     *dag.Graph
-	store     *state.Store
-	opts      Options
-	log       *slog.Logger
-	kinds     map[string]Kind
+	// full is the whole plan's graph, also under --target (graph is then the targets' closure).
+	full  *dag.Graph
+	store *state.Store
+	opts  Options
+	log   *slog.Logger
+	kinds map[string]Kind
 	// orphans are the addresses recorded in state but gone from the plan, in the order
 	// they are deleted (dependents first); their resources are in resources.
 	orphans []string
@@ -138,6 +140,7 @@ func New(p *plans.Plan, kinds []Kind, store *state.Store, opts Options) (*Engine
 			g.Depend(r.Addr, d)
 		}
 	}
+	full := g
 	if len(opts.Targets) > 0 {
 		sub, err := g.Closure(opts.Targets)
 		if err != nil {
@@ -155,7 +158,7 @@ func New(p *plans.Plan, kinds []Kind, store *state.Store, opts Options) (*Engine
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{plan: p, resources: resources, graph: g, store: store, opts: opts, log: log, kinds: map[string]Kind{}, movedFrom: map[string]string{}}
+	e := &Engine{plan: p, resources: resources, graph: g, full: full, store: store, opts: opts, log: log, kinds: map[string]Kind{}, movedFrom: map[string]string{}}
 	for _, k := range kinds {
 		e.kinds[k.Name] = k
 	}

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"slices"
 )
 
 // Finisher is implemented by resources whose apply can leave break work for later: a
@@ -40,27 +39,7 @@ func (e *Engine) Unfinished(addr string) string {
 // PlanDependents returns every resource of the whole plan that depends on addr, directly
 // or not: what must have verified before addr's break work is done. It ignores
 // --target, on purpose: a dependent left out of the run has not verified in it.
-func (e *Engine) PlanDependents(addr string) []string {
-	deps := map[string][]string{}
-	for _, r := range e.plan.Resources {
-		deps[r.Addr] = r.DependsOn
-	}
-	var out []string
-	seen := map[string]bool{addr: true}
-	queue := []string{addr}
-	for len(queue) > 0 {
-		cur := queue[0]
-		queue = queue[1:]
-		for _, r := range e.plan.Resources {
-			if !seen[r.Addr] && slices.Contains(deps[r.Addr], cur) {
-				seen[r.Addr] = true
-				out = append(out, r.Addr)
-				queue = append(queue, r.Addr)
-			}
-		}
-	}
-	return out
-}
+func (e *Engine) PlanDependents(addr string) []string { return e.full.Dependents(addr) }
 
 // Finish runs addr's Finish under its step timeout and panic guard; nil when addr has
 // nothing to finish.

@@ -53,6 +53,9 @@ func (e *Engine) Record(st *Step) {
 // Deps returns the direct dependencies of addr.
 func (e *Engine) Deps(addr string) []string { return e.graph.Deps(addr) }
 
+// Upstream returns the resources addr depends on, directly or not, in plan order.
+func (e *Engine) Upstream(addr string) []string { return e.graph.Upstream(addr) }
+
 // Dependents returns the resources that depend directly on addr, in dependency order.
 func (e *Engine) Dependents(addr string) []string {
 	var out []string

@@ -626,20 +626,10 @@ func (d *Daemon) finishWork(ctx context.Context, eng *agent.Engine, gen int, add
 // work left.
 func unfinishedDeps(eng *agent.Engine, addr string) []string {
 	var out []string
-	seen := map[string]bool{}
-	var walk func(a string)
-	walk = func(a string) {
-		for _, dep := range eng.Deps(a) {
-			if seen[dep] {
-				continue
-			}
-			seen[dep] = true
-			if eng.Unfinished(dep) != "" {
-				out = append(out, dep)
-			}
-			walk(dep)
+	for _, up := range eng.Upstream(addr) {
+		if eng.Unfinished(up) != "" {
+			out = append(out, up)
 		}
 	}
-	walk(addr)
 	return out
 }

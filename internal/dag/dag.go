@@ -56,6 +56,55 @@ func (g *Graph) Has(node string) bool { _, ok := g.index[node]; return ok }
 // Deps returns the direct dependencies of node, in the order they were recorded.
 func (g *Graph) Deps(node string) []string { return slices.Clone(g.deps[node]) }
 
+// Dependents returns every node that depends on node, directly or not, in insertion
+// order (node itself not included).
+func (g *Graph) Dependents(node string) []string {
+	rev := map[string][]string{}
+	for _, n := range g.order {
+		for _, d := range g.deps[n] {
+			rev[d] = append(rev[d], n)
+		}
+	}
+	return g.inOrder(g.reach([]string{node}, func(n string) []string { return rev[n] }), node)
+}
+
+// Upstream returns every node that node depends on, directly or not, in insertion order
+// (node itself not included).
+func (g *Graph) Upstream(node string) []string {
+	return g.inOrder(g.reach([]string{node}, func(n string) []string { return g.deps[n] }), node)
+}
+
+// reach is the set of nodes reachable from starts (included) along next.
+func (g *Graph) reach(starts []string, next func(string) []string) map[string]bool {
+	seen := map[string]bool{}
+	queue := slices.Clone(starts)
+	for _, n := range starts {
+		seen[n] = true
+	}
+	for len(queue) > 0 {
+		cur := queue[0]
+		queue = queue[1:]
+		for _, n := range next(cur) {
+			if !seen[n] {
+				seen[n] = true
+				queue = append(queue, n)
+			}
+		}
+	}
+	return seen
+}
+
+// inOrder lists the nodes of set in insertion order, without skip.
+func (g *Graph) inOrder(set map[string]bool, skip string) []string {
+	var out []string
+	for _, n := range g.order {
+		if set[n] && n != skip {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // Cycle returns one dependency cycle as a path that starts and ends on the same node
 // (a, b, a), or nil when the graph is acyclic.
 func (g *Graph) Cycle() []string {
@@ -134,23 +183,12 @@ func (g *Graph) Sort() ([]string, error) {
 // Closure returns the subgraph made of the given nodes and everything they depend on,
 // transitively (what `--target` acts on). Unknown nodes are an error.
 func (g *Graph) Closure(nodes []string) (*Graph, error) {
-	keep := map[string]bool{}
-	var visit func(string)
-	visit = func(n string) {
-		if keep[n] {
-			return
-		}
-		keep[n] = true
-		for _, d := range g.deps[n] {
-			visit(d)
-		}
-	}
 	for _, n := range nodes {
 		if !g.Has(n) {
 			return nil, fmt.Errorf("%s is not in the plan", n)
 		}
-		visit(n)
 	}
+	keep := g.reach(nodes, func(n string) []string { return g.deps[n] })
 	sub := &Graph{}
 	for _, n := range g.order {
 		if !keep[n] {

@@ -224,3 +224,25 @@ func TestClosure(t *testing.T) {
 		t.Error("Closure of an unknown node succeeded")
 	}
 }
+
+func TestDependentsAndUpstream(t *testing.T) {
+	t.Parallel()
+	// other is declared before what it depends on: the answer is still in insertion order.
+	g := build("other:server", "download", "container", "server:download,container", "file", "smoke:server,file")
+	for _, c := range []struct {
+		node           string
+		dependents, up []string
+	}{
+		{"container", []string{"other", "server", "smoke"}, nil},
+		{"server", []string{"other", "smoke"}, []string{"download", "container"}},
+		{"smoke", nil, []string{"server", "download", "container", "file"}},
+		{"file", []string{"smoke"}, nil},
+	} {
+		if diff := cmp.Diff(c.dependents, g.Dependents(c.node)); diff != "" {
+			t.Errorf("Dependents(%s) (-want +got):\n%s", c.node, diff)
+		}
+		if diff := cmp.Diff(c.up, g.Upstream(c.node)); diff != "" {
+			t.Errorf("Upstream(%s) (-want +got):\n%s", c.node, diff)
+		}
+	}
+}
