@@ -491,7 +491,9 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 	}
 	for _, st := range rep.Steps {
 		if res := results[st.Addr]; st.Err == nil && res != nil {
-			st.Err = res // skipped, or never run because ctx ended
+			// Skipped, or never run because ctx ended: the walk's error, named for
+			// the resource as every step error is.
+			st.Err = fmt.Errorf("%s: %w", st.Addr, res)
 			emit(st, "done")
 		}
 	}

@@ -531,13 +531,7 @@ func jsonResource(command string, st *Step, r *Redactor) JSONResource {
 		if cause, ok := st.Skipped(); ok {
 			jr.SkippedBecause = cause
 		}
-		// Every error names its resource (docs/json-output.md), also a skip's, which the
-		// walk reports without it.
-		msg := st.Err.Error()
-		if !strings.HasPrefix(msg, st.Addr+": ") {
-			msg = st.Addr + ": " + msg
-		}
-		jr.Error = r.String(msg)
+		jr.Error = r.String(st.Err.Error())
 	}
 	if d := st.Diff; d != nil {
 		jr.Action = d.Action
