@@ -843,10 +843,7 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	switch {
 	case det.replace:
 		logf("replacing instance", "instance", k.name)
-		if err := k.stop(ctx, c, env); err != nil {
-			return err
-		}
-		if err := c.DeleteInstance(ctx, k.name); err != nil {
+		if err := k.stopAndDelete(ctx, c, env); err != nil {
 			return err
 		}
 		fallthrough

@@ -140,6 +140,17 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	if err := k.Finish(ctx, env); err != nil { // a migration's retiring instance goes too, first
 		return err
 	}
+	if err := k.stopAndDelete(ctx, c, env); err != nil {
+		return err
+	}
+	env.Log.Info("deleted instance", "instance", k.name, "reason", string(k.why))
+	return env.State.Delete()
+}
+
+// stopAndDelete stops the instance (verified), deletes it and proves it gone from the
+// API: every delete of an instance the agent made (ensure = "absent", destroy, an
+// orphan, a migration's other half) goes through here.
+func (k *Container) stopAndDelete(ctx context.Context, c *incus.Client, env *agent.Env) error {
 	if err := k.stop(ctx, c, env); err != nil {
 		return fmt.Errorf("delete instance %s: %w", k.name, err)
 	}
@@ -149,8 +160,7 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	if _, _, err := c.GetInstance(ctx, k.name); !incus.IsNotFound(err) {
 		return fmt.Errorf("instance %s still exists after its delete (%v)", k.name, err)
 	}
-	env.Log.Info("deleted instance", "instance", k.name, "reason", string(k.why))
-	return env.State.Delete()
+	return nil
 }
 
 func (k *Container) absentStatus(ctx context.Context, env *agent.Env) (*agent.Status, error) {

@@ -3,7 +3,6 @@ package resources
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/incus"
@@ -84,24 +83,18 @@ func liveInstance(env *agent.Env, name string) (live, retiring string) {
 	if env == nil || env.State == nil {
 		return name, ""
 	}
-	peers, err := env.State.Peers()
-	if err != nil {
-		return name, ""
-	}
-	for _, addr := range peers {
-		if !strings.HasPrefix(addr, "container.") {
-			continue
-		}
-		var rec containerRecord
-		if ok, err := env.State.Peer(addr).Load(&rec); err != nil || !ok || rec.Base != name {
-			continue
+	live, retiring = name, ""
+	eachRecord(env, "container.", func(_ string, rec containerRecord) bool {
+		if rec.Base != name {
+			return true
 		}
 		if rec.Instance == pairName(name, name) {
-			return rec.Instance, rec.Retiring
+			live = rec.Instance
 		}
-		return name, rec.Retiring
-	}
-	return name, ""
+		retiring = rec.Retiring
+		return false
+	})
+	return live, retiring
 }
 
 // serversIn reports whether a server the agent launched (and has not stopped for good)
@@ -110,23 +103,12 @@ func serversIn(env *agent.Env, instance string) bool {
 	if env == nil || env.State == nil {
 		return true // unknown: make before break, the safe way
 	}
-	peers, err := env.State.Peers()
-	if err != nil {
-		return true
-	}
-	for _, addr := range peers {
-		if !strings.HasPrefix(addr, "server.") {
-			continue
-		}
-		var rec serverRecord
-		if ok, err := env.State.Peer(addr).Load(&rec); err != nil || !ok {
-			continue
-		}
-		if rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance) {
-			return true
-		}
-	}
-	return false
+	found := false
+	ok := eachRecord(env, "server.", func(_ string, rec serverRecord) bool {
+		found = rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance)
+		return !found
+	})
+	return found || !ok // unknown: make before break, the safe way
 }
 
 // migrateDiff is the diff of an instance on another member than the plan's target.
@@ -216,10 +198,7 @@ func (k *Container) applyMigrate(ctx context.Context, c *incus.Client, env *agen
 	// the old instance) is deleted and built again.
 	if _, _, err := c.GetInstance(ctx, pair.name); err == nil {
 		env.Log.Warn("deleting what an interrupted migration built", "instance", pair.name)
-		if err := pair.stop(ctx, c, env); err != nil {
-			return err
-		}
-		if err := c.DeleteInstance(ctx, pair.name); err != nil {
+		if err := pair.stopAndDelete(ctx, c, env); err != nil {
 			return err
 		}
 	} else if !incus.IsNotFound(err) {
@@ -295,10 +274,7 @@ func (k *Container) Finish(ctx context.Context, env *agent.Env) error {
 		}
 		left := k.view(rec.Building)
 		if _, _, err := c.GetInstance(ctx, left.name); err == nil {
-			if err := left.stop(ctx, c, env); err != nil {
-				return err
-			}
-			if err := c.DeleteInstance(ctx, left.name); err != nil && !incus.IsNotFound(err) {
+			if err := left.stopAndDelete(ctx, c, env); err != nil {
 				return err
 			}
 		} else if !incus.IsNotFound(err) {
@@ -316,14 +292,8 @@ func (k *Container) Finish(ctx context.Context, env *agent.Env) error {
 	case rec.RetiringUUID != "" && inst.Config["volatile.uuid"] != rec.RetiringUUID:
 		env.Log.Warn("the retiring instance's name is another instance now: left alone", "instance", old.name)
 	default:
-		if err := old.stop(ctx, c, env); err != nil {
-			return fmt.Errorf("stop retiring instance %s: %w", old.name, err)
-		}
-		if err := c.DeleteInstance(ctx, old.name); err != nil && !incus.IsNotFound(err) {
-			return fmt.Errorf("delete retiring instance %s: %w", old.name, err)
-		}
-		if _, _, err := c.GetInstance(ctx, old.name); !incus.IsNotFound(err) {
-			return fmt.Errorf("retiring instance %s still exists after its delete (%v)", old.name, err)
+		if err := old.stopAndDelete(ctx, c, env); err != nil {
+			return fmt.Errorf("retiring instance: %w", err)
 		}
 		env.Log.Info("deleted the retiring instance", "instance", old.name, "member", rec.RetiringMember)
 	}

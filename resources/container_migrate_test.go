@@ -148,14 +148,7 @@ func newMigrateHarness(t *testing.T, c *incustest.Cluster) *migrateHarness {
 	t.Cleanup(func() { removeInstance(t, c.Client, h.name+"-b") })
 	// The directory of the fake, readable by the container's root (an unprivileged
 	// container maps it to another uid): not under the test's 0700 temporary directory.
-	dir, err := os.MkdirTemp("", "agent-migrate-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := reachableDir(t)
 	src, err := os.ReadFile(staticFakeSGLang(t))
 	if err != nil {
 		t.Fatal(err)
@@ -405,14 +398,7 @@ func TestMigrateSurvivesSIGKILL(t *testing.T) {
 	h.applyOK("m2", nil)
 	old := h.record()
 
-	planDir, err := os.MkdirTemp("", "agent-migrate-plan-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(planDir) })
-	if err := os.Chmod(planDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	planDir := reachableDir(t)
 	if err := os.WriteFile(filepath.Join(planDir, "plan.hcl"), []byte(migratePlan), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -194,23 +194,14 @@ func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*age
 // recordedElsewhere names another server record (not stopped) that holds the process
 // st: a server never adopts what another record names, so two records never name one PID.
 func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
-	peers, err := env.State.Peers()
-	if err != nil {
-		return ""
-	}
-	for _, addr := range peers {
-		if !strings.HasPrefix(addr, "server.") {
-			continue
-		}
-		var rec serverRecord
-		if ok, err := env.State.Peer(addr).Load(&rec); err != nil || !ok {
-			continue
-		}
+	holder := ""
+	eachRecord(env, "server.", func(addr string, rec serverRecord) bool {
 		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
-			return addr
+			holder = addr
 		}
-	}
-	return ""
+		return holder == ""
+	})
+	return holder
 }
 
 // leftAlone is an orphan whose record cannot say what to delete (written by an older
