@@ -110,9 +110,9 @@ func wantErr(t *testing.T, err error, parts ...string) {
 }
 
 // TestContainerOnClusterMember: target places a new instance on that member (its files
-// in that member's INCUS_DIR), plan and status name the member; an unknown member, a
-// GPU the member lacks and a target other than the instance's member are refused with
-// the fix, before anything is created or changed.
+// in that member's INCUS_DIR), plan and status name the member; an unknown member and a
+// GPU the member lacks are refused with the fix, before anything is created or changed;
+// a target other than the instance's member plans a migration.
 func TestContainerOnClusterMember(t *testing.T) {
 	c := incusCluster.Start(t)
 	h := newClusterCtr(t, c)
