@@ -238,6 +238,8 @@ func (v *View) ApplyEvent(ev Event) {
 			} else {
 				v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
 			}
+		case st.Applied && st.Diff.Action == Adopt:
+			v.printf("  ✓ %s: adopted, no restart; verified (%s)\n", st.Addr, st.Duration.Round(time.Millisecond))
 		case st.Applied:
 			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
 		}
@@ -289,6 +291,8 @@ func (v *View) summary(rep *Report, verb string) {
 
 func progressive(a Action) string {
 	switch a {
+	case Adopt:
+		return "adopting"
 	case Create:
 		return "creating"
 	case Update:
@@ -305,6 +309,8 @@ func progressive(a Action) string {
 
 func past(a Action) string {
 	switch a {
+	case Adopt:
+		return "adopted"
 	case Create:
 		return "created"
 	case Update:

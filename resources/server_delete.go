@@ -83,16 +83,22 @@ func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error)
 // checkAbsent plans the verified stop of what the record names. Nothing recorded, or a
 // record stopped for good, is a no-op. A recorded process already dead is still a
 // delete: the stop proves that nothing of its group holds the port or GPU memory.
-func (s *Server) checkAbsent(env *agent.Env) (*agent.Diff, error) {
+func (s *Server) checkAbsent(env *agent.Env) (d *agent.Diff, err error) {
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
 	if err != nil {
 		return nil, err
 	}
 	if has && rec.Pending != nil {
-		if has, err = s.recoverPending(env, &rec); err != nil {
+		var found *agent.RecordUpdate
+		if has, found, err = s.recoverPending(env, &rec); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if d != nil {
+				d.Record = found
+			}
+		}()
 	}
 	if !has || !rec.StoppedAt.IsZero() {
 		return agent.NoChange(), nil
@@ -108,7 +114,7 @@ func (s *Server) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 	if rec.Adopted {
 		what += " (adopted)"
 	}
-	d := &agent.Diff{Detail: &serverDetail{prev: &rec, stop: true}}
+	d = &agent.Diff{Detail: &serverDetail{prev: &rec, stop: true}}
 	d.Add(agent.Removed("process", agent.Raw(what)).Because(agent.Deletes, s.why))
 	if rec.Port > 0 {
 		d.Add(agent.Removed("port", rec.Port).Because(agent.Deletes, s.why))
