@@ -347,6 +347,10 @@ type Step struct {
 	Orphan bool
 	// MovedFrom is the old address of a resource a moved block renamed.
 	MovedFrom string
+	// Unfinished is the break work the step's last observation reported (Diff.Unfinished
+	// of the verifying Check when it applied): what Finish does once the resource's
+	// dependents verified.
+	Unfinished string
 	// Finished describes the break work this apply finished after the resource's
 	// dependents verified (Finisher): a migrated container's old instance deleted.
 	Finished string
@@ -567,6 +571,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 	if err != nil {
 		return err
 	}
+	st.Unfinished = d.Unfinished
 	if d.Action == NoOp {
 		return nil
 	}
@@ -583,6 +588,9 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 	}
 	d, fresh, err := e.gate(ctx, run, addr, d)
 	st.Diff = d
+	if d != nil {
+		st.Unfinished = d.Unfinished
+	}
 	if err != nil || d.Action == NoOp {
 		return err
 	}
@@ -619,7 +627,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 		e.rolloutFailed(ctx, addr, err)
 		return err
 	}
-	st.Applied = true
+	st.Applied, st.Unfinished = true, after.Unfinished
 	e.log.Info("applied and verified", "resource", addr, "action", string(d.Action))
 	return nil
 }

@@ -239,13 +239,10 @@ func (k *Container) applyMigrate(ctx context.Context, c *incus.Client, env *agen
 
 var _ agent.Finisher = (*Container)(nil)
 
-// Unfinished names the retiring instance of a migration, if any.
-func (k *Container) Unfinished(env *agent.Env) string {
-	if k.absent || env == nil || env.State == nil {
-		return ""
-	}
-	var rec containerRecord
-	if ok, err := env.State.Load(&rec); err != nil || !ok || rec.Base != k.planName() {
+// unfinished names the break work a migration left, by the container's record rec: its
+// retiring instance, or a pair an interrupted migration built and never made live.
+func (k *Container) unfinished(rec containerRecord) string {
+	if rec.Base != k.planName() {
 		return ""
 	}
 	if rec.Retiring == "" {

@@ -736,6 +736,9 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if d != nil && d.Record == nil {
 		d.Record = found
 	}
+	if d != nil && has {
+		d.Unfinished = unfinished(&rec)
+	}
 	return d, err
 }
 
