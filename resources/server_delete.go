@@ -12,7 +12,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
-	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -195,19 +194,6 @@ func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*age
 		field(agent.TextField("log", "log", rec.LogPath))
 	}
 	return st, nil
-}
-
-// recordedElsewhere names another server record (not stopped) that holds the process
-// st: a server never adopts what another record names, so two records never name one PID.
-func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
-	holder := ""
-	eachRecord(env, "server.", func(addr string, rec serverRecord) bool {
-		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
-			holder = addr
-		}
-		return holder == ""
-	})
-	return holder
 }
 
 // leftAlone is an orphan whose record cannot say what to delete (written by an older
