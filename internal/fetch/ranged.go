@@ -19,7 +19,8 @@ import (
 	"sync/atomic"
 )
 
-// Parallel ranges within one file. A file of known size larger than one piece is cut into
+// Parallel ranges within one file. A file larger than one piece (its size given, or learned
+// by learnSize) is cut into
 // pieces (16–64 MiB, smaller for files under 128 MiB); up to Options.Connections range workers per file, within
 // Options.MaxConnections for the whole Fetch, each take the lowest piece nobody holds and
 // GET it with a Range request on its own connection, writing at the piece's offset of the
@@ -40,8 +41,8 @@ import (
 //
 // grab is not used here: it transfers a file as one stream from a single offset, with no
 // way to ask for a range with an end or to write at an offset. The single-stream path
-// (transfer.go, on grab) still serves small files, files of unknown size, Connections = 1,
-// and servers that ignore ranges: a 200 to a range request falls back to it.
+// (transfer.go, on grab) still serves small files, Connections = 1, and servers that ignore
+// ranges: a 200 to a range request falls back to it.
 
 // rangedSidecar is the sidecar of a file fetched in pieces.
 type rangedSidecar struct {
@@ -81,11 +82,11 @@ func (r *run) pieceSize(size int64) int64 {
 	return max(min(p, (size+conns-1)/conns), minSharePiece)
 }
 
-// useRanges says whether f is fetched in pieces: its size is known and spans two pieces or
-// more, more than one connection is allowed, and no single-stream checkpoint is waiting to be
-// resumed.
+// useRanges says whether f is fetched in pieces: more than one connection is allowed, its
+// size spans two pieces or more (or is unknown: it is learned first, see learnSize), and no
+// single-stream checkpoint is waiting to be resumed.
 func (r *run) useRanges(t *task) bool {
-	if t.single || r.opts.Connections < 2 || t.f.Size < 0 || t.f.Size <= r.pieceSize(t.f.Size) {
+	if t.single || r.opts.Connections < 2 || (t.f.Size >= 0 && t.f.Size <= r.pieceSize(t.f.Size)) {
 		return false
 	}
 	if st, ok := r.readCheckpoint(t.f); ok && st.off > 0 {
@@ -120,6 +121,11 @@ type rangedFile struct {
 	ckMu    sync.Mutex // one checkpoint at a time
 	signed  atomic.Pointer[string]
 	retries atomic.Int32 // requests retried, for FileResult.Attempts
+
+	// first is the open answer to the GET that learned the file's size (bytes from 0), for
+	// the worker that takes piece 0; nil once taken or when the size was known or came from
+	// a HEAD.
+	first *probeResponse
 }
 
 func (rf *rangedFile) pieceLen(i int) int64 {
@@ -179,7 +185,7 @@ func (r *run) downloadPieces(ctx context.Context, t *task) error {
 // downloadRanged fetches t's file in pieces from where the sidecar and the live record
 // leave it, verifies it and renames it into place.
 func (r *run) downloadRanged(ctx context.Context, t *task) error {
-	rf, err := r.openRanged(t)
+	rf, err := r.openRanged(ctx, t)
 	if err != nil {
 		return err
 	}
@@ -251,6 +257,11 @@ func (rf *rangedFile) close() {
 		rf.fd.Close()
 	}
 	rf.live.close()
+	rf.mu.Lock()
+	first := rf.first
+	rf.first = nil
+	rf.mu.Unlock()
+	first.close()
 }
 
 func (rf *rangedFile) doneBytes() int64 {
@@ -264,9 +275,14 @@ func (rf *rangedFile) doneBytes() int64 {
 }
 
 // openRanged resumes the file's pieces from the sidecar (and, in the same boot, the live
-// record), or lays out a fresh partial file.
-func (r *run) openRanged(t *task) (*rangedFile, error) {
+// record), or lays out a fresh partial file, learning its size first when the plan gives none.
+func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error) {
 	rf := &rangedFile{r: r, t: t, l: layoutOf(t.f.Name)}
+	defer func() {
+		if err != nil {
+			rf.first.close()
+		}
+	}()
 	rf.cond = sync.NewCond(&rf.mu)
 	rf.hc, rf.ft = r.rangeClient(t)
 	if sc, ok := r.readRangedSidecar(t.f); ok {
@@ -299,6 +315,18 @@ func (r *run) openRanged(t *task) (*rangedFile, error) {
 		return nil, err
 	}
 	size := t.f.Size
+	if size < 0 {
+		if size, rf.first, err = r.learnSize(ctx, t, rf.hc); err != nil {
+			return nil, err
+		}
+		t.total.Store(size)
+		if size == 0 || (rf.first == nil && size <= r.pieceSize(size)) {
+			// Nothing to share between connections: one stream, as a file of this size
+			// declared in the plan would be.
+			t.single = true
+			return nil, errNoRanges
+		}
+	}
 	rf.piece = r.pieceSize(size)
 	rf.pieces = int((size + rf.piece - 1) / rf.piece)
 	rf.written = make([]int64, rf.pieces)
@@ -532,27 +560,37 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 	stopWatch := rf.r.watchStall(actx, cancel, last)
 	defer stopWatch()
 
-	u := rf.t.f.URL
-	cached := rf.signed.Load()
-	if cached != nil {
-		u = *cached
-	}
-	req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
-	if err != nil {
-		return fmt.Errorf("request: %w", err)
-	}
-	req.Header.Set("User-Agent", "agent-fetch")
-	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
-	if etag != "" && !strings.HasPrefix(etag, "W/") {
-		req.Header.Set("If-Range", etag)
-	}
-	resp, err := rf.hc.Do(req)
-	if err != nil {
-		rf.signed.Store(nil)
-		if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
-			return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+	var cached *string
+	var resp *http.Response
+	if first := rf.takeFirst(start); first != nil {
+		// The answer that learned the size: its body is the start of this piece. The
+		// stall watch of this attempt cancels its request.
+		stop := context.AfterFunc(actx, func() { first.cancel(context.Cause(actx)) })
+		defer stop()
+		defer first.cancel(nil)
+		resp = first.resp
+	} else {
+		u := rf.t.f.URL
+		cached = rf.signed.Load()
+		if cached != nil {
+			u = *cached
 		}
-		return err
+		req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
+		if err != nil {
+			return fmt.Errorf("request: %w", err)
+		}
+		req.Header.Set("User-Agent", "agent-fetch")
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
+		if etag != "" && !strings.HasPrefix(etag, "W/") {
+			req.Header.Set("If-Range", etag)
+		}
+		if resp, err = rf.hc.Do(req); err != nil {
+			rf.signed.Store(nil)
+			if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
+				return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+			}
+			return err
+		}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
@@ -648,6 +686,19 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 		return rf.fetchPiece(ctx, i, buf, sinceCk) // the server sent a shorter range: ask for the rest
 	}
 	return nil
+}
+
+// takeFirst hands over the answer that learned the file's size when it starts at start
+// (piece 0 with nothing written yet), once.
+func (rf *rangedFile) takeFirst(start int64) *probeResponse {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	first := rf.first
+	if first == nil || start != 0 {
+		return nil
+	}
+	rf.first = nil
+	return first
 }
 
 // wrote records that piece i now holds written bytes from its start (n of them new), in
@@ -750,4 +801,122 @@ func (r *run) acquire(ctx context.Context) (func(), error) {
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
+}
+
+// probeResponse is an open answer to a ranged GET from byte 0, with the cancel of its
+// request (which outlives the function that sent it).
+type probeResponse struct {
+	resp   *http.Response
+	cancel context.CancelCauseFunc
+}
+
+func (p *probeResponse) close() {
+	if p != nil {
+		p.resp.Body.Close()
+		p.cancel(nil)
+	}
+}
+
+// learnSize finds the size of a file the plan gives none, as aria2c does: from a HEAD, or,
+// when the server refuses HEAD or answers it without a length (both exist: object stores,
+// proxies, chunked HEAD answers), from the Content-Range total of a first ranged GET, whose
+// answer is returned open so that its bytes become the start of piece 0 rather than a
+// request wasted. Either way every later answer is checked against the size learned here
+// (fetchPiece): a changed total restarts the file, and the restart learns it again.
+// errNoRanges means one stream: the server answered the GET with the whole file, or the
+// file is empty.
+func (r *run) learnSize(ctx context.Context, t *task, hc *http.Client) (int64, *probeResponse, error) {
+	if size, ok := r.headSize(ctx, t, hc); ok {
+		return size, nil, nil
+	}
+	budget := &retryBudget{r: r}
+	for tries := 1; ; tries++ {
+		size, first, err := r.probeSize(ctx, t, hc)
+		if err == nil || ctx.Err() != nil || errors.Is(err, errNoRanges) || permanent(err) {
+			return size, first, err
+		}
+		t.fr.Attempts++
+		if err := budget.next(ctx, err, false, tries); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// headSize asks HEAD for the file's length; ok is false when the answer gives none (any
+// failure included: the ranged GET that follows says what is wrong, in its own words).
+func (r *run) headSize(ctx context.Context, t *task, hc *http.Client) (int64, bool) {
+	hctx, cancel := context.WithTimeout(ctx, r.opts.StallTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(hctx, http.MethodHead, t.f.URL, nil)
+	if err != nil {
+		return 0, false
+	}
+	req.Header.Set("User-Agent", "agent-fetch")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	resp.Body.Close()
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return 0, false // the length of another encoding
+	}
+	if resp.StatusCode != http.StatusOK || resp.ContentLength < 0 {
+		return 0, false
+	}
+	return resp.ContentLength, true
+}
+
+// probeSize sends the first ranged GET (bytes 0 to one share of a piece) and reads the
+// file's size from its Content-Range.
+func (r *run) probeSize(ctx context.Context, t *task, hc *http.Client) (int64, *probeResponse, error) {
+	want := int64(minSharePiece)
+	if r.opts.PieceSize > 0 {
+		want = min(want, r.opts.PieceSize)
+	}
+	pctx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, t.f.URL, nil)
+	if err != nil {
+		cancel(nil)
+		return 0, nil, fmt.Errorf("request: %w", err)
+	}
+	req.Header.Set("User-Agent", "agent-fetch")
+	req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", want-1))
+	stopWatch := r.watchStall(pctx, cancel, newLastByte())
+	resp, err := hc.Do(req)
+	stopWatch()
+	if err != nil {
+		cancel(nil)
+		if errors.Is(context.Cause(pctx), ErrStalled) && ctx.Err() == nil {
+			return 0, nil, fmt.Errorf("%w: no answer for %s", ErrStalled, r.opts.StallTimeout)
+		}
+		return 0, nil, err
+	}
+	fail := func(err error) (int64, *probeResponse, error) {
+		resp.Body.Close()
+		cancel(nil)
+		return 0, nil, err
+	}
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+	case http.StatusOK:
+		return fail(errNoRanges)
+	case http.StatusRequestedRangeNotSatisfiable:
+		// "bytes */0": an empty file has no byte 0.
+		if v := resp.Header.Get("Content-Range"); v == "bytes */0" {
+			return fail(errNoRanges)
+		}
+		return fail(statusErrorOf(resp, t.f.URL))
+	default:
+		return fail(statusErrorOf(resp, t.f.URL))
+	}
+	cs, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+	switch {
+	case err != nil:
+		return fail(fmt.Errorf("%w: %w", ErrBadResponse, err))
+	case cs != 0:
+		return fail(fmt.Errorf("%w: asked for bytes from 0, got Content-Range %q", ErrBadResponse, resp.Header.Get("Content-Range")))
+	case total < 0:
+		return fail(errNoRanges) // "bytes 0-N/*": the size stays unknown, one stream
+	}
+	return total, &probeResponse{resp: resp, cancel: cancel}, nil
 }

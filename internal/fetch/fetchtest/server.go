@@ -57,6 +57,9 @@ type Fault struct {
 	// BusyHEAD answers the first BusyHEAD HEAD requests with 503, as a loaded server or
 	// CDN edge does now and then.
 	BusyHEAD int
+	// HEADNoLength answers HEAD with 200 and no Content-Length, as servers that would
+	// stream the body chunked do.
+	HEADNoLength bool
 
 	// EndCleanlyAfter > 0 sends no Content-Length and closes the connection cleanly after
 	// this many body bytes: a close-delimited body cut short, which the client reads as
@@ -356,7 +359,9 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		body = body[:p.fault.Truncate]
 	}
 	if r.Method == http.MethodHead {
-		h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
+		if !p.fault.HEADNoLength {
+			h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
+		}
 		w.WriteHeader(status)
 		return
 	}
