@@ -199,6 +199,9 @@ type FileResult struct {
 	// Attempts counts transfer attempts, Restarts those that started over from zero because
 	// the server ignored a range or the file changed.
 	Attempts, Restarts int
+	// Stolen counts ranges split off a connection much slower than the others and handed
+	// to a faster one (work stealing).
+	Stolen int
 	// ResumedFrom is the partial offset the first attempt resumed from (0: from scratch).
 	ResumedFrom int64
 	// Fetched counts body bytes received for this file in this call.
