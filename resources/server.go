@@ -24,10 +24,10 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/cmdline"
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/sglang"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -1304,7 +1304,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if r := rec.Retiring; r != nil {
 		field(agent.TextField("retiring", "retiring", fmt.Sprintf("generation %d (pid %d) in %s: a migration's old server, stopped once this one and its dependents verified", r.Generation, r.PID, r.Place)))
 	}
-	var m sglang.Metrics
+	var m engines.Metrics
 	if s.container != "" {
 		field(agent.TextField("container", "container", s.container))
 		if member := incusMember(ctx, lc); member != "" {
@@ -1407,24 +1407,24 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 // agent run exports (agent_server_<key>).
 var servingMetrics = []struct {
 	label, key, format string
-	get                func(*sglang.Metrics) *float64
+	get                func(*engines.Metrics) *float64
 	// field is the status field's key where key ("" for counters not exported) is not it.
 	field string
 }{
-	{"accept len", "accept_length", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptLen }, ""},
-	{"accept rate", "accept_rate", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptRate }, ""},
-	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *sglang.Metrics) *float64 { return m.GenThroughput }, ""},
-	{"token usage", "token_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.TokenUsage }, ""},
-	{"mamba usage", "mamba_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.MambaUsage }, ""},
+	{"accept len", "accept_length", "%.2f", func(m *engines.Metrics) *float64 { return m.AcceptLen }, ""},
+	{"accept rate", "accept_rate", "%.2f", func(m *engines.Metrics) *float64 { return m.AcceptRate }, ""},
+	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *engines.Metrics) *float64 { return m.GenThroughput }, ""},
+	{"token usage", "token_usage", "%.2f", func(m *engines.Metrics) *float64 { return m.TokenUsage }, ""},
+	{"mamba usage", "mamba_usage", "%.2f", func(m *engines.Metrics) *float64 { return m.MambaUsage }, ""},
 	// Counters only /metrics has.
-	{"prompt tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.PromptTokens }, "prompt_tokens"},
-	{"generation tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.GenerationTokens }, "generation_tokens"},
-	{"requests", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.Requests }, "requests"},
+	{"prompt tokens", "", "%.0f", func(m *engines.Metrics) *float64 { return m.PromptTokens }, "prompt_tokens"},
+	{"generation tokens", "", "%.0f", func(m *engines.Metrics) *float64 { return m.GenerationTokens }, "generation_tokens"},
+	{"requests", "", "%.0f", func(m *engines.Metrics) *float64 { return m.Requests }, "requests"},
 }
 
 // servingFields adds a status line per figure m has, keys prefixed with keyPrefix and
 // labels with prefix, and the figures with a key to metrics when metrics is not nil.
-func servingFields(field func(agent.Field), keyPrefix, prefix string, m sglang.Metrics, metrics map[string]float64) {
+func servingFields(field func(agent.Field), keyPrefix, prefix string, m engines.Metrics, metrics map[string]float64) {
 	for _, sm := range servingMetrics {
 		v := sm.get(&m)
 		if v == nil {
@@ -1442,7 +1442,7 @@ func servingFields(field func(agent.Field), keyPrefix, prefix string, m sglang.M
 }
 
 // logFields adds the log's serving figures, its queue and the time of its newest batch line.
-func logFields(field func(agent.Field), m sglang.Metrics, metrics map[string]float64) {
+func logFields(field func(agent.Field), m engines.Metrics, metrics map[string]float64) {
 	servingFields(field, "", "", m, metrics)
 	if m.RunningReqs != nil {
 		q := 0

@@ -13,7 +13,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/cmdline"
-	"github.com/agent-dev/agent/internal/serverlog"
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -23,9 +23,9 @@ const FileName = "export.hcl"
 
 // Server readiness by engine: the endpoint and the log line that say the server is up.
 var readiness = map[string][2]string{
-	EngineSGLang:   {"/health", serverlog.ReadyLine(serverlog.SGLang)},
-	EngineVLLM:     {"/health", serverlog.ReadyLine(serverlog.VLLM)},
-	EngineLlamaCPP: {"/health", serverlog.ReadyLine(serverlog.LlamaCPP)},
+	EngineSGLang:   {"/health", engines.ReadyLine(engines.SGLang)},
+	EngineVLLM:     {"/health", engines.ReadyLine(engines.VLLM)},
+	EngineLlamaCPP: {"/health", engines.ReadyLine(engines.LlamaCPP)},
 }
 
 // segment is one top-level block of the output, with the comment above it.

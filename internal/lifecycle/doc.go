@@ -17,7 +17,7 @@
 //     log has grown, readiness (an HTTP 200 and/or a log line of THIS
 //     generation) before the timeout, then the smoke test. A failure quotes the
 //     tail of that generation's log and names the known failure in the
-//     engine's dialect, SGLang, vLLM or llama.cpp (serverlog.DetectFailure),
+//     engine's dialect, SGLang, vLLM or llama.cpp (engines.DetectFailure),
 //     instead of guessing.
 //   - Stop is proc.Stop (signal the group, escalate to SIGKILL, prove every
 //     member gone by PID and start time), then the port is proven free and the

@@ -11,10 +11,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/serverlog"
-	"github.com/agent-dev/agent/internal/sglang"
 )
 
 // Lifecycle launches, probes and stops servers through a Runner.
@@ -109,7 +108,7 @@ type LaunchError struct {
 	Place string
 	// Reason is what went wrong: "process exited (exit status 1) 0.4 s after start".
 	Reason  string
-	Failure *sglang.Failure
+	Failure *engines.Failure
 	Tail    []string
 	// Stopped says what became of the leftovers (the launch is stopped, verified).
 	Stopped string
@@ -367,26 +366,26 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 }
 
 // Metrics scrapes the server's /metrics (SGLang's --enable-metrics).
-func (l *Lifecycle) Metrics(ctx context.Context, port int) (sglang.Metrics, error) {
+func (l *Lifecycle) Metrics(ctx context.Context, port int) (engines.Metrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+"/metrics", nil)
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
 	resp, err := l.client().Do(req)
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return sglang.Metrics{}, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
+		return engines.Metrics{}, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
-	return serverlog.ParsePrometheus(string(b))
+	return engines.ParsePrometheus(string(b))
 }
 
 // PortWait bounds the wait for the port to be free after a verified stop.

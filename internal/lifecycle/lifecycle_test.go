@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/sglang"
 	"github.com/agent-dev/agent/internal/testbin"
 )
 
@@ -33,7 +33,7 @@ func options(t *testing.T, faults string, extra ...string) (*Lifecycle, LaunchOp
 			Env:    map[string]string{"FAKE_SGLANG": faults, "FAKE_SGLANG_DECODE_INTERVAL": "100ms"},
 			Marker: marker,
 		},
-		Ready: Ready{HTTP: "/health", LogLine: sglang.ReadyLine, Timeout: 15 * time.Second},
+		Ready: Ready{HTTP: "/health", LogLine: engines.SGLangReadyLine, Timeout: 15 * time.Second},
 	}
 	l := &Lifecycle{Runner: Host{}}
 	t.Cleanup(func() { killMarked(marker) })
@@ -129,14 +129,14 @@ func TestLaunchFailuresQuoteTheirOwnLog(t *testing.T) {
 	for _, tc := range []struct {
 		faults string
 		extra  []string
-		kind   sglang.FailureKind
+		kind   engines.FailureKind
 		line   string
 	}{
-		{faults: "oom", kind: sglang.FailureOOM, line: "CUDA out of memory"},
-		{faults: "oom=kv", kind: sglang.FailureOOM, line: "Not enough memory"},
-		{faults: "exit-on-start", kind: sglang.FailureNoGPU, line: "No CUDA GPUs are available"},
-		{faults: "cuda-graph-fail", kind: sglang.FailureCUDAGraph, line: "Capture cuda graph failed"},
-		{extra: []string{"--no-such-flag", "1"}, kind: sglang.FailureBadFlag, line: "unrecognized arguments"},
+		{faults: "oom", kind: engines.FailureOOM, line: "CUDA out of memory"},
+		{faults: "oom=kv", kind: engines.FailureOOM, line: "Not enough memory"},
+		{faults: "exit-on-start", kind: engines.FailureNoGPU, line: "No CUDA GPUs are available"},
+		{faults: "cuda-graph-fail", kind: engines.FailureCUDAGraph, line: "Capture cuda graph failed"},
+		{extra: []string{"--no-such-flag", "1"}, kind: engines.FailureBadFlag, line: "unrecognized arguments"},
 	} {
 		t.Run(string(tc.kind)+tc.faults, func(t *testing.T) {
 			t.Parallel()
