@@ -575,7 +575,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits)
 		sh.Wait() // the leader's PID is free; the child keeps its group and session
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if ours(fs, child, rec) {
+		if ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a process in a group whose leader is gone was taken for the launch's")
 		}
 	})
@@ -584,7 +584,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits, marker)
 		sh.Wait()
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if !ours(fs, child, rec) {
+		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a leftover carrying the launch's marker was not taken for the launch's")
 		}
 	})
@@ -596,7 +596,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := &serverRecord{PID: leader.PID, StartTicks: leader.StartTicks, PGID: leader.PGRP, SID: leader.Session}
-		if !ours(fs, child, rec) {
+		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a child in the live leader's group was not taken for the launch's")
 		}
 	})

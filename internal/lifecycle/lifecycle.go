@@ -216,8 +216,8 @@ func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) er
 
 // HostPath is where the agent reads path, a file of the runner's place; path itself
 // when it cannot be mapped (the read then fails with a clear error).
-func (l *Lifecycle) HostPath(path string) string {
-	if p, err := l.Runner.HostPath(path); err == nil {
+func (l *Lifecycle) HostPath(ctx context.Context, path string) string {
+	if p, err := l.Runner.HostPath(ctx, path); err == nil {
 		return p
 	}
 	return path
@@ -239,19 +239,19 @@ func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions)
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()
 	watch := &lineWatch{want: o.Ready.LogLine}
-	procs := l.ProcsIn(x.NS)
+	procs := l.ProcsIn(ctx, x.NS)
 	var grown, httpOK, lineOK bool
 	for {
 		// Mapped at each look: in a container reached only through Incus, the path is
 		// a copy of the log as it is now (Incus.HostPath).
-		logPath := l.HostPath(x.LogPath)
+		logPath := l.HostPath(ctx, x.LogPath)
 		watch.path = logPath
 		select {
 		case <-x.Exited:
 			return l.exitReason(x)
 		default:
 		}
-		if alive, err := procs.Alive(x.ID); err == nil && !alive {
+		if alive, err := procs.Alive(ctx, x.ID); err == nil && !alive {
 			if x.Exited != nil {
 				// Our own child: let the reaper record how it ended.
 				select {
@@ -328,7 +328,7 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	if r, ok := l.Runner.(*Incus); ok {
 		r.forgetCopy(x.LogPath) // the last lines, written as it died, not a copy of before
 	}
-	logPath := l.HostPath(x.LogPath)
+	logPath := l.HostPath(ctx, x.LogPath)
 	if tail, err := Excerpt(logPath, TailLines); err == nil {
 		e.Tail = tail
 	}
@@ -401,7 +401,7 @@ var ErrStop = errors.New("stop not verified")
 // group, escalation to SIGKILL, PID and start time checked), then port free (when
 // port > 0), then none of the stopped PIDs holding GPU memory.
 func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
-	return l.stop(ctx, l.Runner.Procs(), false, t, sig, timeout, port)
+	return l.stop(ctx, l.Runner.Procs(ctx), false, t, sig, timeout, port)
 }
 
 // StopIn is Stop of a target whose PIDs belong to the PID namespace ns (Started.NS): a
@@ -409,17 +409,19 @@ func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal,
 // namespace than this host's have no systemd unit here and their GPU memory is not
 // this host's to observe: the proof there is the processes gone and the port free.
 func (l *Lifecycle) StopIn(ctx context.Context, ns string, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
-	return l.stop(ctx, l.ProcsIn(ns), ns != "", t, sig, timeout, port)
+	return l.stop(ctx, l.ProcsIn(ctx, ns), ns != "", t, sig, timeout, port)
 }
 
 // ProcsIn observes and stops processes whose PIDs belong to the PID namespace ns: the
 // runner's own processes for "" (this host's), unless the runner tells namespaces
 // apart (Incus.ProcsIn).
-func (l *Lifecycle) ProcsIn(ns string) Procs {
-	if r, ok := l.Runner.(interface{ ProcsIn(string) Procs }); ok {
-		return r.ProcsIn(ns)
+func (l *Lifecycle) ProcsIn(ctx context.Context, ns string) Procs {
+	if r, ok := l.Runner.(interface {
+		ProcsIn(context.Context, string) Procs
+	}); ok {
+		return r.ProcsIn(ctx, ns)
 	}
-	return l.Runner.Procs()
+	return l.Runner.Procs(ctx)
 }
 
 func (l *Lifecycle) stop(ctx context.Context, procs Procs, foreign bool, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
@@ -428,7 +430,7 @@ func (l *Lifecycle) stop(ctx context.Context, procs Procs, foreign bool, t proc.
 	}
 	unit := ""
 	if !foreign {
-		unit = unitOfTarget(procs, t) // systemd_unit.go
+		unit = unitOfTarget(ctx, procs, t) // systemd_unit.go
 	}
 	rep, err := procs.Stop(ctx, t, sig, timeout)
 	if err != nil {

@@ -124,7 +124,7 @@ func (r *Incus) Preflight(ctx context.Context, s Spec, log LogFile) error {
 	}
 	home := "/root"
 	if s.User != "" {
-		_, _, h, err := r.lookupUser(s.User)
+		_, _, h, err := r.lookupUser(ctx, s.User)
 		if err != nil {
 			return err
 		}

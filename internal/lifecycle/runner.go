@@ -94,22 +94,54 @@ type Started struct {
 	ExitStatus func() string
 }
 
-// Procs is what the lifecycle reads and does to processes: proc.FS on the host. PIDs
-// are the host's, also for processes inside containers.
+// Procs is what the lifecycle reads and does to the processes of one place: this
+// host's /proc (also for processes inside local containers, seen there with host PIDs),
+// or an instance's own /proc read through Incus exec (remoteProcs). Every call takes
+// the caller's context: a look inside an instance on another cluster member is an
+// exec that ctx bounds and cancels. Which processes make up a server is one rule for
+// both (proc.Target.Members).
 type Procs interface {
-	Stat(pid int) (proc.Stat, error)
-	Alive(id proc.Identity) (bool, error)
-	Cmdline(pid int) ([]string, error)
-	Environ(pid int) ([]string, error)
-	Cwd(pid int) (string, error)
-	UIDs(pid int) (real, effective uint32, err error)
-	BootTime() (time.Time, error)
-	PortOwners(port int) ([]int, error)
+	Stat(ctx context.Context, pid int) (proc.Stat, error)
+	Alive(ctx context.Context, id proc.Identity) (bool, error)
+	Cmdline(ctx context.Context, pid int) ([]string, error)
+	Environ(ctx context.Context, pid int) ([]string, error)
+	Cwd(ctx context.Context, pid int) (string, error)
+	UIDs(ctx context.Context, pid int) (real, effective uint32, err error)
+	BootTime(ctx context.Context) (time.Time, error)
+	PortOwners(ctx context.Context, port int) ([]int, error)
 	PortFree(ctx context.Context, port int, wait time.Duration) error
 	Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error)
 }
 
-var _ Procs = proc.FS{}
+// HostProcs is this host's /proc (fs) as Procs.
+func HostProcs(fs proc.FS) Procs { return hostProcs{fs} }
+
+// hostProcs is this host's /proc as Procs. Reading it never blocks, so ctx bounds only
+// the waits (PortFree, Stop).
+type hostProcs struct{ fs proc.FS }
+
+var _ Procs = hostProcs{}
+
+func (p hostProcs) Stat(_ context.Context, pid int) (proc.Stat, error) { return p.fs.Stat(pid) }
+func (p hostProcs) Alive(_ context.Context, id proc.Identity) (bool, error) {
+	return p.fs.Alive(id)
+}
+func (p hostProcs) Cmdline(_ context.Context, pid int) ([]string, error) { return p.fs.Cmdline(pid) }
+func (p hostProcs) Environ(_ context.Context, pid int) ([]string, error) { return p.fs.Environ(pid) }
+func (p hostProcs) Cwd(_ context.Context, pid int) (string, error)       { return p.fs.Cwd(pid) }
+func (p hostProcs) UIDs(_ context.Context, pid int) (real, effective uint32, err error) {
+	return p.fs.UIDs(pid)
+}
+func (p hostProcs) BootTime(context.Context) (time.Time, error) { return p.fs.BootTime() }
+func (p hostProcs) PortOwners(_ context.Context, port int) ([]int, error) {
+	return p.fs.PortOwners(port)
+}
+func (p hostProcs) PortFree(ctx context.Context, port int, wait time.Duration) error {
+	return p.fs.PortFree(ctx, port, wait)
+}
+func (p hostProcs) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error) {
+	return p.fs.Stop(ctx, t, sig, timeout)
+}
 
 // LogFile is one launch generation's log: <Dir>/<Name>.<Generation>.log, with
 // <Dir>/<Name>.log a symlink to it and Keep generations kept. Paths are the place's
@@ -137,12 +169,14 @@ type Runner interface {
 	// itself, and ctx does not bound the process's life. When it returns an error with
 	// a non-nil *Started, the process runs (a later step failed).
 	Start(ctx context.Context, s Spec, log LogFile) (*Started, error)
-	// Procs observes and stops processes of this place. PIDs are the host's.
-	Procs() Procs
+	// Procs observes and stops processes of this place. PIDs are the host's, except
+	// for an instance on another cluster member (see Incus.Procs); ctx bounds the
+	// question of which that is.
+	Procs(ctx context.Context) Procs
 	// Endpoint is the host:port where this place's port is reached from the agent.
 	Endpoint(port int) string
 	// HostPath is where the agent reads a file of this place (a log file).
-	HostPath(path string) (string, error)
+	HostPath(ctx context.Context, path string) (string, error)
 }
 
 // Host runs servers on this machine.
@@ -157,13 +191,13 @@ var _ Runner = Host{}
 func (Host) Place() string { return "host" }
 
 // Procs is h.Proc.
-func (h Host) Procs() Procs { return h.Proc }
+func (h Host) Procs(context.Context) Procs { return hostProcs{h.Proc} }
 
 // Endpoint is 127.0.0.1:port.
 func (Host) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
 
 // HostPath is path itself.
-func (Host) HostPath(path string) (string, error) { return path, nil }
+func (Host) HostPath(_ context.Context, path string) (string, error) { return path, nil }
 
 // ErrLogExists is wrapped when a launch would reuse an existing log file.
 var ErrLogExists = errors.New("log file of this generation already exists")

@@ -206,11 +206,11 @@ func (h Host) startInUnit(ctx context.Context, s Spec, log LogFile, f *os.File) 
 
 // unitOfTarget is the server unit whose cgroup holds the target's leader, when the
 // leader is still the recorded process (PID and start time); "" otherwise.
-func unitOfTarget(procs Procs, t proc.Target) string {
+func unitOfTarget(ctx context.Context, procs Procs, t proc.Target) string {
 	if t.Leader.PID <= 1 {
 		return ""
 	}
-	if ok, err := procs.Alive(t.Leader); err != nil || !ok {
+	if ok, err := procs.Alive(ctx, t.Leader); err != nil || !ok {
 		return ""
 	}
 	return UnitOf(t.Leader.PID)
