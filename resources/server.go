@@ -169,7 +169,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		flagsSensitive: func(k string) bool { return r.SensitiveKey("flags", k) },
 		argvSensitive:  r.SensitiveAny("flags"),
 	}
-	s.place = lifecycle.Host{}.Place()
+	s.place = lifecycle.Local{}.Name()
 	if c.Container != nil {
 		s.container = *c.Container
 		s.place = lifecycle.IncusPlace(s.container)
@@ -433,11 +433,11 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 	h := s.host.withDefaults()
 	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
 	if !inContainer {
-		return &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: h.Proc}, GPU: h.GPU}, nil
+		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil
 	}
 	r := s.incusRunner(env, name)
 	c := r.Client
-	lc := &lifecycle.Lifecycle{Runner: r, GPU: h.GPU}
+	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
 	if place != s.place || s.absent {
 		return lc, nil // observed and stopped only
 	}
@@ -474,14 +474,14 @@ func hostPath(ctx context.Context, lc *lifecycle.Lifecycle, rec *serverRecord) s
 	if rec.LogPath == "" {
 		return ""
 	}
-	if lc != nil && lc.Runner.Place() == rec.Place {
-		p, err := lc.Runner.HostPath(ctx, rec.LogPath)
+	if lc != nil && lc.Place.Name() == rec.Place {
+		p, err := lc.Place.HostPath(ctx, rec.LogPath)
 		if err != nil {
 			return ""
 		}
 		return p
 	}
-	if rec.Place == (lifecycle.Host{}).Place() || rec.Place == "" {
+	if rec.Place == (lifecycle.Local{}).Name() || rec.Place == "" {
 		return rec.LogPath
 	}
 	return ""
@@ -826,7 +826,7 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		d.Warnings = append(d.Warnings, fmt.Sprintf("%v yet: the server is launched in it once it does", missing))
 		return d, nil
 	}
-	procs := lc.Runner.Procs(ctx)
+	procs := lc.Place.Procs(ctx)
 	if s.port == 0 {
 		return d, nil
 	}
@@ -1161,7 +1161,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 		}
 		env.Log.Info("took over the port", "pid", det.takeover.Leader.PID, "result", lifecycle.Summary(rep))
 	}
-	procs := lc.Runner.Procs(ctx)
+	procs := lc.Place.Procs(ctx)
 	if s.port > 0 {
 		if err := procs.PortFree(ctx, s.port, 2*time.Second); err != nil {
 			if errors.Is(err, proc.ErrPortHeld) && !s.takeover {
@@ -1170,7 +1170,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			return fmt.Errorf("not launching: %w", err)
 		}
 	}
-	logDir, err := lc.Runner.HostPath(ctx, s.logDir)
+	logDir, err := lc.Place.HostPath(ctx, s.logDir)
 	if err != nil {
 		return err
 	}
@@ -1379,7 +1379,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		problems = append(problems, s.launchSmokeVerdict(field, st.Metrics, &rec)...)
 	}
 	if s.smoke != nil && ready == "" && env.Probe {
-		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
+		r, err := lifecycle.RunSmoke(ctx, nil, lc.Place.Endpoint(s.port), *s.smoke)
 		switch {
 		case err != nil:
 			field(agent.TextField("smoke_test", "smoke test", "no answer").WithText("no answer: " + err.Error()))

@@ -21,7 +21,7 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
-	logDir, err := lc.Runner.HostPath(ctx, s.logDir)
+	logDir, err := lc.Place.HostPath(ctx, s.logDir)
 	if err != nil {
 		return err
 	}

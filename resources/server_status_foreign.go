@@ -19,7 +19,7 @@ func (s *Server) unlaunchedStatus(ctx context.Context, env *agent.Env) *agent.St
 	if err != nil || lc == nil {
 		return st
 	}
-	procs := lc.Runner.Procs(ctx)
+	procs := lc.Place.Procs(ctx)
 	owner, err := s.portHolder(ctx, procs, nil)
 	if err != nil || owner == nil {
 		return st

@@ -635,7 +635,7 @@ func TestLogLineReadinessSurvivesAGrowingLog(t *testing.T) {
 			t.Parallel()
 			s := &Server{ready: lifecycle.Ready{LogLine: "Application startup complete."}}
 			rec := &serverRecord{Generation: 1, LogPath: write(t, tc.log...), Place: "host", ReadyAt: tc.readyAt}
-			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Runner: lifecycle.Host{}}, rec)
+			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Place: lifecycle.Local{}}, rec)
 			if (why == "") != tc.ready {
 				t.Errorf("notReady = %q, want ready %v", why, tc.ready)
 			}
@@ -665,7 +665,7 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 	if err := h.store.Save("server.qwen", &held); err != nil {
 		t.Fatal(err)
 	}
-	lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{}}
+	lc := &lifecycle.Lifecycle{Place: lifecycle.Local{}}
 	x, err := lc.Launch(context.Background(), lifecycle.LaunchOptions{
 		Name: "qwen", LogDir: h.logs(), KeepLogs: 5, Generation: 2, Port: h.port,
 		Spec:  lifecycle.Spec{Argv: first.Argv, Env: first.Env, Workdir: first.Workdir, Marker: marker},

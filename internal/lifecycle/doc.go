@@ -27,7 +27,7 @@
 //     caller decides what a failure means: the resource reports it and never
 //     kills a server for it.
 //
-// Where the process runs is behind Runner, a small interface: Host runs it on
+// Where the process runs is behind Place, a small interface: Local runs it on
 // this machine; Incus starts it inside an Incus instance with one exec, finds
 // it in the host's /proc (its processes are seen there with host PIDs), reads
 // its log through /proc/<init>/root and its ports in the container's network

@@ -71,13 +71,13 @@ type Incus struct {
 	pulled map[string]time.Time // remote mode: when each file was last copied
 }
 
-var _ Runner = (*Incus)(nil)
+var _ Place = (*Incus)(nil)
 
 // ErrNotRunning is wrapped when the instance is not running.
 var ErrNotRunning = errors.New("container is not running")
 
-// Place is "container NAME".
-func (r *Incus) Place() string { return IncusPlace(r.Instance) }
+// Name is "container NAME".
+func (r *Incus) Name() string { return IncusPlace(r.Instance) }
 
 // IncusPlace is the place of servers in the instance name.
 func IncusPlace(name string) string { return "container " + name }

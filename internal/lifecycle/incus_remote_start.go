@@ -53,7 +53,7 @@ func (r *Incus) remote(ctx context.Context) (bool, error) {
 	return r.mode == modeRemote, nil
 }
 
-// Runner modes (Incus.mode).
+// Place modes (Incus.mode).
 const (
 	modeLocal  = 1
 	modeRemote = 2
@@ -371,11 +371,11 @@ func (r *Incus) WatchRemote(ctx context.Context, ns string, id proc.Identity, ev
 	}
 }
 
-// Namespace is the PID namespace of the processes Runner.Procs observes now (what
+// Namespace is the PID namespace of the processes Place.Procs observes now (what
 // Started.NS says of a launch): "" for this host's; for an instance reached through
 // Incus only, the instance's (Incus.Namespace).
 func (l *Lifecycle) Namespace(ctx context.Context) (string, error) {
-	r, ok := l.Runner.(*Incus)
+	r, ok := l.Place.(*Incus)
 	if !ok {
 		return "", nil
 	}

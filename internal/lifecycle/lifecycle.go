@@ -16,9 +16,9 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 )
 
-// Lifecycle launches, probes and stops servers through a Runner.
+// Lifecycle launches, probes and stops servers in a Place.
 type Lifecycle struct {
-	Runner Runner
+	Place Place
 	// GPU, when not nil, is asked after every stop whether the stopped PIDs still hold
 	// GPU memory (gpu.WaitReleased; a no-op without GPUs).
 	GPU gpu.Observer
@@ -152,7 +152,7 @@ func (e *LaunchError) Error() string {
 func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, error) {
 	log := LogFile{Dir: o.LogDir, Name: o.Name, Generation: o.Generation, Keep: o.KeepLogs}
 	start := time.Now()
-	st, err := l.Runner.Start(ctx, o.Spec, log)
+	st, err := l.Place.Start(ctx, o.Spec, log)
 	if st == nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) er
 		return l.failed(x, o, reason)
 	}
 	if o.Smoke != nil {
-		r, err := RunSmoke(ctx, l.client(), l.Runner.Endpoint(o.Port), *o.Smoke)
+		r, err := RunSmoke(ctx, l.client(), l.Place.Endpoint(o.Port), *o.Smoke)
 		if err != nil {
 			return fmt.Errorf("generation %d is ready but its smoke test got no answer: %w (the server was left running)", o.Generation, err)
 		}
@@ -217,7 +217,7 @@ func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) er
 // HostPath is where the agent reads path, a file of the runner's place; path itself
 // when it cannot be mapped (the read then fails with a clear error).
 func (l *Lifecycle) HostPath(ctx context.Context, path string) string {
-	if p, err := l.Runner.HostPath(ctx, path); err == nil {
+	if p, err := l.Place.HostPath(ctx, path); err == nil {
 		return p
 	}
 	return path
@@ -310,7 +310,7 @@ func (l *Lifecycle) exitReason(x *Launched) string {
 // failed stops what is left of a failed launch and builds its error from its log.
 func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	e := &LaunchError{Generation: x.Generation, LogPath: x.LogPath, Reason: reason}
-	if place := l.Runner.Place(); place != (Host{}).Place() {
+	if place := l.Place.Name(); place != (Local{}).Name() {
 		e.Place = place
 	}
 	// Stop leftovers (children, a half-started server) so the next launch starts clean
@@ -325,7 +325,7 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	case len(rep.Targets) > 0:
 		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
 	}
-	if r, ok := l.Runner.(*Incus); ok {
+	if r, ok := l.Place.(*Incus); ok {
 		r.forgetCopy(x.LogPath) // the last lines, written as it died, not a copy of before
 	}
 	logPath := l.HostPath(ctx, x.LogPath)
@@ -349,7 +349,7 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Place.Endpoint(port)+path, nil)
 	if err != nil {
 		return err
 	}
@@ -369,7 +369,7 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 func (l *Lifecycle) Metrics(ctx context.Context, port int) (engines.Metrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Place.Endpoint(port)+"/metrics", nil)
 	if err != nil {
 		return engines.Metrics{}, err
 	}
@@ -401,7 +401,7 @@ var ErrStop = errors.New("stop not verified")
 // group, escalation to SIGKILL, PID and start time checked), then port free (when
 // port > 0), then none of the stopped PIDs holding GPU memory.
 func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
-	return l.stop(ctx, l.Runner.Procs(ctx), false, t, sig, timeout, port)
+	return l.stop(ctx, l.Place.Procs(ctx), false, t, sig, timeout, port)
 }
 
 // StopIn is Stop of a target whose PIDs belong to the PID namespace ns (Started.NS): a
@@ -416,12 +416,12 @@ func (l *Lifecycle) StopIn(ctx context.Context, ns string, t proc.Target, sig sy
 // runner's own processes for "" (this host's), unless the runner tells namespaces
 // apart (Incus.ProcsIn).
 func (l *Lifecycle) ProcsIn(ctx context.Context, ns string) Procs {
-	if r, ok := l.Runner.(interface {
+	if r, ok := l.Place.(interface {
 		ProcsIn(context.Context, string) Procs
 	}); ok {
 		return r.ProcsIn(ctx, ns)
 	}
-	return l.Runner.Procs(ctx)
+	return l.Place.Procs(ctx)
 }
 
 func (l *Lifecycle) stop(ctx context.Context, procs Procs, foreign bool, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {

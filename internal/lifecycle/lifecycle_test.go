@@ -35,7 +35,7 @@ func options(t *testing.T, faults string, extra ...string) (*Lifecycle, LaunchOp
 		},
 		Ready: Ready{HTTP: "/health", LogLine: engines.SGLangReadyLine, Timeout: 15 * time.Second},
 	}
-	l := &Lifecycle{Runner: Host{}}
+	l := &Lifecycle{Place: Local{}}
 	t.Cleanup(func() { killMarked(marker) })
 	return l, o
 }
@@ -201,7 +201,7 @@ func TestSmokeLoopLeavesServerRunning(t *testing.T) {
 	}
 	s := *o.Smoke
 	s.Sampling = map[string]any{"temperature": 0.7, "presence_penalty": 1.5}
-	r, err := RunSmoke(ctx(t), nil, l.Runner.Endpoint(o.Port), s)
+	r, err := RunSmoke(ctx(t), nil, l.Place.Endpoint(o.Port), s)
 	if err != nil || !r.OK {
 		t.Errorf("with a presence penalty: %+v, %v", r, err)
 	}
@@ -264,11 +264,11 @@ func TestGenerationsAndPruning(t *testing.T) {
 		t.Error("a regular srv.log would be replaced")
 	}
 	// Start refuses a regular srv.log, and an existing log file: never an old file reused.
-	if _, err := (Host{}).Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 10, Keep: 5}); err == nil || !strings.Contains(err.Error(), "not a symlink") {
+	if _, err := (Local{}).Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 10, Keep: 5}); err == nil || !strings.Contains(err.Error(), "not a symlink") {
 		t.Errorf("start with a regular srv.log: %v", err)
 	}
 	os.Remove(CurrentLink(dir, "srv"))
-	_, err := Host{}.Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 9, Keep: 5})
+	_, err := Local{}.Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 9, Keep: 5})
 	if !errors.Is(err, ErrLogExists) {
 		t.Errorf("start over an existing log: %v", err)
 	}

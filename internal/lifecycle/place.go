@@ -76,7 +76,7 @@ func (s Spec) environOver(base map[string]string) []string {
 	return out
 }
 
-// Started is a process a Runner launched.
+// Started is a process a Place launched.
 type Started struct {
 	// ID is the leader's PID and start time, read right after the start.
 	ID proc.Identity
@@ -156,11 +156,13 @@ type LogFile struct {
 // Path is the generation's log file.
 func (f LogFile) Path() string { return LogPath(f.Dir, f.Name, f.Generation) }
 
-// Runner is where a server runs: this host (Host), or an Incus instance (Incus).
-type Runner interface {
-	// Place names where processes run, for the launched identity and for messages:
-	// "host", "container sglang".
-	Place() string
+// Place is where a server runs: this machine (Local), or an Incus instance (Incus).
+// A place starts processes, observes and stops them, reaches their ports and reads
+// their files; the rest of the lifecycle is the same code for every place.
+type Place interface {
+	// Name names the place, for the launched identity and for messages: "host",
+	// "container sglang".
+	Name() string
 	// Start launches s detached: in a session and process group of its own, with
 	// stdin from /dev/null and stdout and stderr appended to log.Path(). Start makes
 	// log.Dir, refuses a <Name>.log that is not a symlink, creates the generation's
@@ -179,31 +181,31 @@ type Runner interface {
 	HostPath(ctx context.Context, path string) (string, error)
 }
 
-// Host runs servers on this machine.
-type Host struct {
+// Local is this machine as a place: servers run as its processes, seen in its /proc.
+type Local struct {
 	// Proc reads /proc; the zero value reads the real one.
 	Proc proc.FS
 }
 
-var _ Runner = Host{}
+var _ Place = Local{}
 
-// Place is "host".
-func (Host) Place() string { return "host" }
+// Name is "host".
+func (Local) Name() string { return "host" }
 
 // Procs is h.Proc.
-func (h Host) Procs(context.Context) Procs { return hostProcs{h.Proc} }
+func (h Local) Procs(context.Context) Procs { return hostProcs{h.Proc} }
 
 // Endpoint is 127.0.0.1:port.
-func (Host) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+func (Local) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
 
 // HostPath is path itself.
-func (Host) HostPath(_ context.Context, path string) (string, error) { return path, nil }
+func (Local) HostPath(_ context.Context, path string) (string, error) { return path, nil }
 
 // ErrLogExists is wrapped when a launch would reuse an existing log file.
 var ErrLogExists = errors.New("log file of this generation already exists")
 
 // Start launches s with Setsid, its log file as stdout and stderr.
-func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) {
+func (h Local) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) {
 	if len(s.Argv) == 0 {
 		return nil, errors.New("start: empty command")
 	}
