@@ -210,8 +210,9 @@ type FileResult struct {
 	Stolen int
 	// ResumedFrom is the partial offset the first attempt resumed from (0: from scratch).
 	ResumedFrom int64
-	// Fetched counts body bytes received for this file in this call.
-	Fetched int64
+	// Fetched counts body bytes received for this file in this call; OriginBytes those of
+	// them that came from URL rather than a mirror.
+	Fetched, OriginBytes int64
 	// From is the URL the file was downloaded from this call: a mirror's or URL; empty
 	// when nothing was downloaded.
 	From string

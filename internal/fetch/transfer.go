@@ -81,7 +81,10 @@ func (r *run) download(ctx context.Context, t *task) error {
 		t.fr.MirrorErrors = append(t.fr.MirrorErrors, fmt.Errorf("mirror %s: %w", redact(m), err))
 	}
 	t.src, t.mirror, t.single = t.f.URL, false, false
-	if err := r.downloadFrom(ctx, t); err != nil {
+	before := t.recv.Load()
+	err := r.downloadFrom(ctx, t)
+	t.fr.OriginBytes = t.recv.Load() - before
+	if err != nil {
 		return err
 	}
 	t.fr.From = t.f.URL
