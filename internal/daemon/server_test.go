@@ -217,6 +217,7 @@ func TestServerKilledDuringADownloadIsRepairedAtOnce(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	body := make([]byte, 24<<20)
 	for i := range body {
@@ -281,6 +282,7 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=oom"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
@@ -347,6 +349,7 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
@@ -387,6 +390,7 @@ func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},
@@ -423,6 +427,7 @@ func TestBackoffAfterAVerifiedRepairStillReportsHealthy(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "settle=200ms"},
