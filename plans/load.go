@@ -881,8 +881,11 @@ func (l *loader) decodeAgent(b *hcl.Block) {
 	if b == nil {
 		return
 	}
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "coordination"}}})
+	l.diags = append(l.diags, diags...)
+	l.decodeCoordination(inner.Blocks)
 	var a agentBlock
-	diags := gohcl.DecodeBody(b.Body, l.evalContext(false), &a)
+	diags = gohcl.DecodeBody(rest, l.evalContext(false), &a)
 	l.diags = append(l.diags, diags...)
 	if diags.HasErrors() {
 		return

@@ -54,6 +54,8 @@ type AgentSettings struct {
 	// Prune lets `agent run` delete orphans (resources recorded in state whose blocks are
 	// gone from the plan); without it the loop only reports them.
 	Prune bool
+	// Coordination is the fleet's etcd (agent { coordination { ... } }); nil: none.
+	Coordination *Coordination
 }
 
 // HostSettings is the `host` block: guards about which host this plan is for.

@@ -25,7 +25,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/docs/schema"
-	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -98,7 +97,7 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 			return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds), Vars: vars})
 		},
 		Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 10 * time.Second, Listen: "127.0.0.1:0",
-		Notifier: sdnotify.New(""), Log: slog.New(slog.NewTextHandler(logs, nil)), StopGrace: 5 * time.Second,
+		Notify: func(string) error { return nil }, Log: slog.New(slog.NewTextHandler(logs, nil)), StopGrace: 5 * time.Second,
 		Ready: func(addr string) { ready <- "http://" + addr },
 	}
 	if tune != nil {
