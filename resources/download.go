@@ -164,6 +164,7 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 		t, err := time.ParseDuration(*v)
 		if err != nil || t <= 0 {
 			bad(r.Range(attr), "Invalid duration", fmt.Sprintf("%s %q is not a positive duration such as \"60s\" or \"24h\".", attr, *v))
+			diags[len(diags)-1].Extra = plans.OwnValue
 			return
 		}
 		*into = t

@@ -315,9 +315,12 @@ func loadPlan(path string, o options, kinds []agent.Kind) (*plans.Plan, hcl.Diag
 		VarFiles: o.varFiles,
 		Environ:  os.Environ(),
 	})
-	if !diags.HasErrors() {
+	if p != nil {
+		// Also with errors: every resource that decoded, fully or partly, gets its kind's
+		// checks, so that one run reports every error (plans.Resource.Unknown).
 		_, bindDiags := agent.Bind(p, kinds)
 		diags = append(diags, bindDiags...)
+		plans.SortDiagnostics(diags)
 	}
 	return p, diags
 }

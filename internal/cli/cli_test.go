@@ -35,6 +35,13 @@ func TestScripts(t *testing.T) {
 		},
 		UpdateScripts: *update,
 		Setup: func(env *testscript.Env) error {
+			// A script ends with nothing of its own running (testbin.NoLeaks): its servers
+			// write their logs and live under $WORK; one left is killed and fails the script.
+			env.Defer(func() {
+				if err := testbin.KillLeft(env.WorkDir); err != nil {
+					env.T().Fatal(err)
+				}
+			})
 			env.Setenv("STATE", env.WorkDir+"/state")
 			// Plans in the scripts declare variable "root" and put every managed file
 			// under it: file paths must be absolute, and $WORK differs per run.
