@@ -20,6 +20,9 @@
 #    by default), agent and aria2c each on a fresh count of connections; (c) a second host
 #    with a mirror: the agent's capped-CDN result served by an uncapped downloadserve as
 #    `mirrors`, the origin's bytes counted (goal <= 5 %); aria2c given both URLs per file.
+#    ROUNDS rounds (default 3) of every command of (a)-(c) in turn, aria2c on the same
+#    CDN included: the medians are compared, so a load that drifts during the run (a shared
+#    machine) weighs on both sides.
 # Needs curl, aria2c (Debian package aria2; the bench only, no test needs it), GNU time, bc;
 # as root with apt-get, the script installs whichever is missing.
 set -euo pipefail
@@ -32,6 +35,7 @@ CONNECTIONS=${CONNECTIONS:-8}
 MAX_CONNECTIONS=${MAX_CONNECTIONS:-32}
 MID_MIB=${MID_MIB:-512}
 STRAG_KIB=${STRAG_KIB:-$((RATE_MIB * 1024 / 16))}
+ROUNDS=${ROUNDS:-3}
 BIG_MIB=${BIG_MIB:-4096}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/agent-bench.XXXXXX)}
@@ -39,7 +43,7 @@ mkdir -p "$WORK"/src
 PIDS=()
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	[ -z "${KEEP:-}" ] && rm -rf "$WORK"
+	if [ -z "${KEEP:-}" ]; then rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
@@ -144,24 +148,42 @@ plan strag "$strag_BASE" $SHARDS
 serve mirror -dir "$WORK/mirror"
 # shellcheck disable=SC2086
 MIRROR="$mirror_BASE" plan capmirror "$cdn_BASE" $SHARDS
-t_nosize_agent=$(timed nosize-agent "$WORK/agent" apply "$WORK/capnosize.hcl" --state-dir "$WORK/state")
-t_nohead_agent=$(timed nohead-agent "$WORK/agent" apply "$WORK/capnohead.hcl" --state-dir "$WORK/state")
-curl -s "$strag_BASE/_reset" >/dev/null
-t_strag_agent=$(timed strag-agent "$WORK/agent" apply "$WORK/strag.hcl" --state-dir "$WORK/state")
 surls=(); for f in $SHARDS; do surls+=("$strag_BASE/$f"); done
 printf '%s\n' "${surls[@]}" >"$WORK/strag-urls"
-curl -s "$strag_BASE/_reset" >/dev/null
-t_strag_aria=$(timed strag-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/strag-urls")
-o0=$(curl -s "$cdn_BASE/_stats")
-t_mirror_agent=$(timed mirror-agent "$WORK/agent" apply "$WORK/capmirror.hcl" --state-dir "$WORK/state")
-o1=$(curl -s "$cdn_BASE/_stats")
 : >"$WORK/mirror-urls"
 for f in $SHARDS; do printf '%s/%s\t%s/%s\n' "$mirror_BASE" "$f" "$cdn_BASE" "$f" >>"$WORK/mirror-urls"; done
-t_mirror_aria=$(timed mirror-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/mirror-urls")
-o2=$(curl -s "$cdn_BASE/_stats")
-pct() { echo "scale=2; 100 * $1 / ($CAP_TOTAL * 1048576)" | bc -l; }
-origin_agent=$(pct $((o1 - o0)))
-origin_aria=$(pct $((o2 - o1)))
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+r_aria=(); r_sized=(); r_nosize=(); r_nohead=(); r_strag=(); r_strag_aria=(); r_mirror=(); r_mirror_aria=()
+o_agent=0; o_aria=0
+for round in $(seq "$ROUNDS"); do
+	echo "   round $round of $ROUNDS"
+	r_aria+=("$(timed cap-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/urls")")
+	r_sized+=("$(timed cap-agent "$WORK/agent" apply "$WORK/cap.hcl" --state-dir "$WORK/state")")
+	r_nosize+=("$(timed nosize-agent "$WORK/agent" apply "$WORK/capnosize.hcl" --state-dir "$WORK/state")")
+	r_nohead+=("$(timed nohead-agent "$WORK/agent" apply "$WORK/capnohead.hcl" --state-dir "$WORK/state")")
+	curl -s "$strag_BASE/_reset" >/dev/null
+	r_strag+=("$(timed strag-agent "$WORK/agent" apply "$WORK/strag.hcl" --state-dir "$WORK/state")")
+	curl -s "$strag_BASE/_reset" >/dev/null
+	r_strag_aria+=("$(timed strag-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/strag-urls")")
+	o0=$(curl -s "$cdn_BASE/_stats")
+	r_mirror+=("$(timed mirror-agent "$WORK/agent" apply "$WORK/capmirror.hcl" --state-dir "$WORK/state")")
+	o1=$(curl -s "$cdn_BASE/_stats")
+	r_mirror_aria+=("$(timed mirror-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/mirror-urls")")
+	o2=$(curl -s "$cdn_BASE/_stats")
+	o_agent=$((o_agent + o1 - o0))
+	o_aria=$((o_aria + o2 - o1))
+done
+t28_aria=$(median "${r_aria[@]}")
+t_sized_agent=$(median "${r_sized[@]}")
+t_nosize_agent=$(median "${r_nosize[@]}")
+t_nohead_agent=$(median "${r_nohead[@]}")
+t_strag_agent=$(median "${r_strag[@]}")
+t_strag_aria=$(median "${r_strag_aria[@]}")
+t_mirror_agent=$(median "${r_mirror[@]}")
+t_mirror_aria=$(median "${r_mirror_aria[@]}")
+pct() { echo "scale=2; 100 * $1 / ($ROUNDS * $CAP_TOTAL * 1048576)" | bc -l; }
+origin_agent=$(pct "$o_agent")
+origin_aria=$(pct "$o_aria")
 
 echo "== uncapped: ${MID_MIB} MiB and ${BIG_MIB} MiB"
 t_mid_curl=$(timed mid-curl curl -sf -o "$WORK/out/mid.bin" "$plain_BASE/mid.bin")
@@ -201,7 +223,10 @@ printf '%-44s %8s s  %8s MiB/s\n' \
 	"${BIG_MIB} MiB: curl" "$t_big_curl" "$(mibs "$BIG_MIB" "$t_big_curl")" \
 	"${BIG_MIB} MiB: curl then sync" "$t_big_curlsync" "$(mibs "$BIG_MIB" "$t_big_curlsync")" \
 	"${BIG_MIB} MiB: agent (sha256, fsync)" "$t_big_agent" "$(mibs "$BIG_MIB" "$t_big_agent")"
+echo "issue 28, medians of $ROUNDS rounds:"
 printf '%-44s %8s s  %8s MiB/s\n' \
+	"capped: aria2c -x16 -s16 -j $CAP_N" "$t28_aria" "$(mibs $CAP_TOTAL "$t28_aria")" \
+	"capped: agent, sizes in the plan" "$t_sized_agent" "$(mibs $CAP_TOTAL "$t_sized_agent")" \
 	"no sizes: agent (HEAD)" "$t_nosize_agent" "$(mibs $CAP_TOTAL "$t_nosize_agent")" \
 	"no sizes: agent (HEAD refused: first range)" "$t_nohead_agent" "$(mibs $CAP_TOTAL "$t_nohead_agent")" \
 	"straggler: agent" "$t_strag_agent" "$(mibs $CAP_TOTAL "$t_strag_agent")" \
@@ -209,9 +234,9 @@ printf '%-44s %8s s  %8s MiB/s\n' \
 	"mirror: agent" "$t_mirror_agent" "$(mibs $CAP_TOTAL "$t_mirror_agent")" \
 	"mirror: aria2c (mirror and origin URLs)" "$t_mirror_aria" "$(mibs $CAP_TOTAL "$t_mirror_aria")"
 echo "ratio capped agent/aria2c:          $(ratio "$t_cap_aria" "$t_cap_agent")   (target ≥ 1.0)"
-echo "ratio no sizes agent/aria2c:        $(ratio "$t_cap_aria" "$t_nosize_agent") (HEAD), $(ratio "$t_cap_aria" "$t_nohead_agent") (first range)   (target ≥ 0.9)"
-echo "ratio straggler agent/aria2c:       $(ratio "$t_strag_aria" "$t_strag_agent")   (target ≥ 0.8); agent straggler/capped $(ratio "$t_cap_agent" "$t_strag_agent")"
-echo "origin bytes with a mirror:         agent ${origin_agent} %   (target ≤ 5 %), aria2c given both URLs ${origin_aria} %"
+echo "ratio no sizes agent/aria2c:        $(ratio "$t28_aria" "$t_nosize_agent") (HEAD), $(ratio "$t28_aria" "$t_nohead_agent") (first range)   (target ≥ 0.9); sized $(ratio "$t28_aria" "$t_sized_agent")"
+echo "ratio straggler agent/aria2c:       $(ratio "$t_strag_aria" "$t_strag_agent")   (target ≥ 0.8); agent straggler/capped $(ratio "$t_sized_agent" "$t_strag_agent"), against aria2c on the uncongested CDN $(ratio "$t28_aria" "$t_strag_agent")"
+echo "origin bytes with a mirror:         agent ${origin_agent} %   (target ≤ 5 %), aria2c given both URLs ${origin_aria} %; time agent/aria2c $(ratio "$t_mirror_aria" "$t_mirror_agent")"
 echo "ratio capped agent/curl:            $(ratio "$t_cap_curl" "$t_cap_agent")"
 echo "ratio ${MID_MIB} MiB agent/curl-then-sync: $(ratio "$t_mid_curlsync" "$t_mid_agent")   (target ≥ 0.95); agent/curl $(ratio "$t_mid_curl" "$t_mid_agent")"
 echo "ratio ${BIG_MIB} MiB agent/curl-then-sync: $(ratio "$t_big_curlsync" "$t_big_agent")   (target ≥ 0.95); agent/curl $(ratio "$t_big_curl" "$t_big_agent")"

@@ -352,7 +352,8 @@ func (r *run) processErr(ctx context.Context, t *task) error {
 }
 
 // checkSpace compares the bytes still missing with the free space of Dest's filesystem.
-// Files to be re-verified count as present; unknown sizes count as zero.
+// Files to be re-verified count as present; unknown sizes count as zero here, and each is
+// checked alone once its size is learned.
 func (r *run) checkSpace(tasks []*task) error {
 	if r.opts.FreeSpaceMargin < 0 {
 		return nil
@@ -364,7 +365,13 @@ func (r *run) checkSpace(tasks []*task) error {
 		}
 		missing += t.f.Size - r.resumableOffset(t)
 	}
-	if missing == 0 {
+	return r.checkFree(missing)
+}
+
+// checkFree fails with ErrNoSpace unless missing bytes plus the margin fit on Dest's
+// filesystem.
+func (r *run) checkFree(missing int64) error {
+	if missing == 0 || r.opts.FreeSpaceMargin < 0 {
 		return nil
 	}
 	var st unix.Statfs_t

@@ -354,6 +354,9 @@ func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error
 			return nil, err
 		}
 		t.total.Store(size)
+		if err := r.checkFree(size); err != nil {
+			return nil, &permanentError{err}
+		}
 		if size == 0 || (rf.first == nil && size <= r.pieceSize(size)) {
 			// Nothing to share between connections: one stream, as a file of this size
 			// declared in the plan would be.
