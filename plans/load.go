@@ -674,6 +674,28 @@ func (l *loader) decodeResources() {
 	}
 }
 
+// suggestAttributes adds the closest attribute to HCL's "This object does not have an
+// attribute named" about a reference to another resource (download.model.dst: did
+// you mean "dest"?).
+func (l *loader) suggestAttributes(rb *resourceBlock, diags hcl.Diagnostics) hcl.Diagnostics {
+	for _, d := range diags {
+		if d.Summary != "Unsupported attribute" || d.Subject == nil || strings.Contains(d.Detail, "Did you mean") {
+			continue
+		}
+		for _, t := range rb.refs {
+			dep, ok := l.refAddr(t)
+			attr, hasAttr := attrStep(t, 2)
+			if !ok || !hasAttr || !t.SourceRange().Overlaps(*d.Subject) {
+				continue
+			}
+			if v := l.resources[dep].res.Value; v != cty.NilVal && v.Type().IsObjectType() {
+				d.Detail += suggest(attr, slices.Sorted(maps.Keys(v.Type().AttributeTypes())))
+			}
+		}
+	}
+	return diags
+}
+
 // refAddr returns the address of the resource a reference names, if it names one.
 func (l *loader) refAddr(t hcl.Traversal) (string, bool) {
 	if l.opts.Schemas[t.RootName()] == nil {
@@ -729,7 +751,7 @@ func (l *loader) decodePartial(rb *resourceBlock) {
 	ctx.Variables["var"] = cty.ObjectVal(vars)
 	ctx.Variables["local"] = cty.ObjectVal(locals)
 	cfg := l.opts.Schemas[r.Type]()
-	for _, d := range gohcl.DecodeBody(rb.body, ctx, cfg) {
+	for _, d := range l.suggestAttributes(rb, gohcl.DecodeBody(rb.body, ctx, cfg)) {
 		if Outside(d, rb.unknown) {
 			l.diags = append(l.diags, d)
 		}
@@ -764,7 +786,7 @@ func (l *loader) decodeResource(rb *resourceBlock) {
 	r := rb.res
 	cfg := l.opts.Schemas[r.Type]()
 	ctx := l.evalContext(false, r.DependsOn...)
-	diags := gohcl.DecodeBody(rb.body, ctx, cfg)
+	diags := l.suggestAttributes(rb, gohcl.DecodeBody(rb.body, ctx, cfg))
 	l.diags = append(l.diags, diags...)
 	if diags.HasErrors() {
 		// Partial: what did decode still gets the kind's own checks (validate reports
