@@ -216,6 +216,7 @@ func TestServerKilledDuringADownloadIsRepairedAtOnce(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	body := make([]byte, 24<<20)
 	for i := range body {
@@ -280,6 +281,7 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=oom"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
@@ -346,6 +348,7 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
@@ -386,6 +389,7 @@ func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},
@@ -422,6 +426,7 @@ func TestBackoffAfterAVerifiedRepairStillReportsHealthy(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "settle=200ms"},
