@@ -95,6 +95,7 @@ type srvState struct {
 func newSrvState(t *testing.T) srvState {
 	t.Helper()
 	h := srvState{t: t, dir: t.TempDir()}
+	testbin.NoLeaks(t, h.dir) // registered first: it judges what h.kill leaves
 	var err error
 	if h.store, err = state.Open(filepath.Join(h.dir, "state")); err != nil {
 		t.Fatal(err)
@@ -112,12 +113,14 @@ func (h srvState) record() serverRecord {
 	return r
 }
 
-// kill ends whatever the test left running: the recorded launch, verified.
+// kill ends whatever the test left running: the recorded launch, verified, and any
+// other server launched with its default HOME under the test's directory.
 func (h srvState) kill() {
 	var r serverRecord
 	if ok, _ := h.store.Load("server.qwen", &r); ok && r.PID > 1 {
 		_, _ = proc.FS{}.Stop(context.Background(), r.target(), syscall.SIGKILL, time.Second)
 	}
+	testbin.KillServers(h.dir)
 }
 
 type srvHarness struct {
@@ -581,7 +584,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits)
 		sh.Wait() // the leader's PID is free; the child keeps its group and session
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if ours(fs, child, rec) {
+		if ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a process in a group whose leader is gone was taken for the launch's")
 		}
 	})
@@ -590,7 +593,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits, marker)
 		sh.Wait()
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if !ours(fs, child, rec) {
+		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a leftover carrying the launch's marker was not taken for the launch's")
 		}
 	})
@@ -602,7 +605,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := &serverRecord{PID: leader.PID, StartTicks: leader.StartTicks, PGID: leader.PGRP, SID: leader.Session}
-		if !ours(fs, child, rec) {
+		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a child in the live leader's group was not taken for the launch's")
 		}
 	})
@@ -641,7 +644,7 @@ func TestLogLineReadinessSurvivesAGrowingLog(t *testing.T) {
 			t.Parallel()
 			s := &Server{ready: lifecycle.Ready{LogLine: "Application startup complete."}}
 			rec := &serverRecord{Generation: 1, LogPath: write(t, tc.log...), Place: "host", ReadyAt: tc.readyAt}
-			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Runner: lifecycle.Host{}}, rec)
+			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Place: lifecycle.Local{}}, rec)
 			if (why == "") != tc.ready {
 				t.Errorf("notReady = %q, want ready %v", why, tc.ready)
 			}
@@ -671,7 +674,7 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 	if err := h.store.Save("server.qwen", &held); err != nil {
 		t.Fatal(err)
 	}
-	lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{}}
+	lc := &lifecycle.Lifecycle{Place: lifecycle.Local{}}
 	x, err := lc.Launch(context.Background(), lifecycle.LaunchOptions{
 		Name: "qwen", LogDir: h.logs(), KeepLogs: 5, Generation: 2, Port: h.port,
 		Spec:  lifecycle.Spec{Argv: first.Argv, Env: first.Env, Workdir: first.Workdir, Marker: marker},
