@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -118,6 +119,12 @@ func Bind(p *plans.Plan, kinds []Kind) (map[string]Resource, hcl.Diagnostics) {
 			continue // its decoding failed and was reported
 		}
 		res, d := k.Bind(r)
+		if r.Partial() {
+			// Values an error left unknown decoded as zero: only the kind's checks of one
+			// value written out in full mean anything (plans.OwnValue).
+			d = slices.DeleteFunc(d, func(d *hcl.Diagnostic) bool { return d.Extra != plans.OwnValue || !plans.Outside(d, r.Unknown) })
+			res = nil
+		}
 		diags = append(diags, d...)
 		if res != nil && !d.HasErrors() {
 			out[r.Addr] = res

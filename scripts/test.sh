@@ -4,9 +4,10 @@
 # It first installs what the tests need and a fresh machine lacks (as root; skipped when
 # already present): gcc for cgo (go-nvml), the Incus daemon from bookworm-backports and a
 # static busybox for the container tests, debootstrap for the service test (test/service,
-# which builds a Debian root filesystem once and caches it in /var/cache/agent-test) and
-# promtool for the alerting rules. Then: go vet, the whole suite, and a short run of the
-# fuzz targets. With CI=true a test that would skip for a missing one of them fails.
+# which builds a Debian root filesystem once and caches it in /var/cache/agent-test),
+# promtool for the alerting rules and etcd-server for the fleet coordination tests
+# (scripts/install-etcd.sh). Then: go vet, the whole suite, and a short run of the fuzz
+# targets. With CI=true a test that would skip for a missing one of them fails.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,7 @@ if ! command -v gcc >/dev/null 2>&1; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
 fi
 sh scripts/install-incus.sh
+sh scripts/install-etcd.sh
 
 # go-nvml's header marks some functions deprecated; the warnings are noise.
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"

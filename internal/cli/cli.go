@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +51,7 @@ Usage:
   agent fmt [-check] PLAN rewrite plan files in canonical form
   agent export            observe this host and print a plan that reproduces it (docs/export.md)
   agent version           print the version
+  agent help COMMAND      a command's flags and an example (as agent COMMAND --help)
 
 PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN:
   --state-dir DIR      where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)
@@ -64,6 +66,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --smoke              run each server's smoke test now (status; a real completion on the server)
   --log-level LEVEL    debug, info, warn (default; info for run), error; logs go to stderr
 
+Run 'agent COMMAND --help' for a command's flags and an example.
 Docs: docs/plan-language.md, docs/architecture.md.
 `
 
@@ -80,20 +83,29 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "validate", "plan", "apply", "status", "destroy":
 		return run(ctx, cmd, rest, stdout, stderr)
 	case "run":
-		return runDaemon(ctx, rest, stderr)
+		return runDaemon(ctx, rest, stdout, stderr)
 	case "fmt":
 		return runFmt(rest, stdout, stderr)
 	case "export":
 		return runExport(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
+		if len(rest) > 0 && (rest[0] == "--help" || rest[0] == "-h") {
+			writeHelp(stdout, "version", nil)
+			return ExitOK
+		}
 		fmt.Fprintf(stdout, "agent %s\n", Version)
 		return ExitOK
 	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 && rest[0] != "help" {
+			if _, ok := commands[rest[0]]; !ok {
+				return unknownCommand(stderr, rest[0])
+			}
+			return Main([]string{rest[0], "--help"}, stdout, stderr) // `agent help apply`
+		}
 		fmt.Fprint(stdout, usage)
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "agent: unknown command %q\n\n%s", cmd, usage)
-	return exitUsage
+	return unknownCommand(stderr, cmd)
 }
 
 // multi is a repeatable string flag.
@@ -141,30 +153,61 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("agent "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.stateDir, "state-dir", "", "state directory")
-	fs.BoolVar(&o.json, "json", false, "machine-readable output")
-	fs.Var(&o.vars, "var", "set a variable: NAME=VALUE")
-	fs.Var(&o.varFiles, "var-file", "read variables from a file")
-	fs.Var(&o.targets, "target", "act on this resource and its dependencies")
-	fs.IntVar(&o.parallelism, "parallelism", agent.DefaultParallelism, "resources at once")
-	fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "wait for the state lock")
-	fs.StringVar(&o.hostOverride, "host-override", "", "run a plan guarded for this host name here")
-	fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
-	fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages")
-	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
+	// Each command declares the flags it uses, so that its --help lists exactly those.
+	for _, f := range []struct {
+		name  string
+		cmds  string // the commands that take it
+		apply func()
+	}{
+		{"state-dir", "plan apply status destroy run", func() {
+			fs.StringVar(&o.stateDir, "state-dir", "", "`DIR`: where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)")
+		}},
+		{"json", "validate plan apply status destroy", func() {
+			fs.BoolVar(&o.json, "json", false, "one JSON document instead of text (docs/json-output.md)")
+		}},
+		{"var", "validate plan apply status destroy run", func() {
+			fs.Var(&o.vars, "var", "`NAME=VALUE`: set a variable (repeatable; also AGENT_VAR_NAME in the environment)")
+			fs.Var(&o.varFiles, "var-file", "`FILE`: read variables from an HCL file (repeatable)")
+		}},
+		{"target", "plan apply status destroy run", func() {
+			fs.Var(&o.targets, "target", "`ADDR`: act on this resource and what it depends on (repeatable)")
+		}},
+		{"parallelism", "plan apply status destroy run", func() {
+			fs.IntVar(&o.parallelism, "parallelism", agent.DefaultParallelism, "`N` resources observed or applied at once")
+		}},
+		{"lock-timeout", "plan apply destroy run", func() {
+			fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "`DUR`: wait this long for another agent's lock (0: fail at once)")
+		}},
+		{"host-override", "plan apply status destroy run", func() {
+			fs.StringVar(&o.hostOverride, "host-override", "", "`NAME`: run a plan guarded for host NAME on this host (migrations)")
+		}},
+		{"no-destructive", "plan apply run", func() {
+			fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
+		}},
+		{"allow-delete-all", "plan apply", func() {
+			fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages when the plan keeps none")
+		}},
+		{"log-level", "validate plan apply status destroy run", func() {
+			fs.StringVar(&o.logLevel, "log-level", "warn", "`LEVEL`: debug, info, warn or error; logs go to stderr")
+		}},
+	} {
+		if slices.Contains(strings.Fields(f.cmds), cmd) {
+			f.apply()
+		}
+	}
+	o.parallelism = max(o.parallelism, 1) // validate has no --parallelism
 	if cmd == "status" {
 		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
 	}
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	return fs
 }
 
 func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := flagSet(cmd, &o, stderr)
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
+	pos, code, ok := parseArgs(cmd, fs, args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "agent %s: want exactly one PLAN (a .hcl file or a directory), got %d arguments\n", cmd, len(pos))
@@ -249,7 +292,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return fail(err)
 	}
 	if cmd != "status" {
-		lock, err := acquireLock(ctx, store, o.lockTimeout, cmd, pos[0])
+		lock, err := acquireLock(ctx, store, o, cmd, pos[0])
 		if err != nil {
 			return fail(err)
 		}
@@ -320,9 +363,12 @@ func loadPlan(path string, o options, kinds []agent.Kind) (*plans.Plan, hcl.Diag
 		VarFiles: o.varFiles,
 		Environ:  os.Environ(),
 	})
-	if !diags.HasErrors() {
+	if p != nil {
+		// Also with errors: every resource that decoded, fully or partly, gets its kind's
+		// checks, so that one run reports every error (plans.Resource.Unknown).
 		_, bindDiags := agent.Bind(p, kinds)
 		diags = append(diags, bindDiags...)
+		plans.SortDiagnostics(diags)
 	}
 	return p, diags
 }

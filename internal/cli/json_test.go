@@ -120,6 +120,7 @@ func TestJSONOutput(t *testing.T) {
 	t.Parallel()
 	bin := testbin.Agent(t)
 	dir := t.TempDir()
+	testbin.NoLeaks(t, dir)
 	t.Cleanup(func() { testbin.KillServers(dir) })
 	stateDir := filepath.Join(dir, "state")
 	port, listen := testbin.FreePort(t), "127.0.0.1:"+strconv.Itoa(testbin.FreePort(t))

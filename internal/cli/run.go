@@ -22,16 +22,16 @@ import (
 )
 
 // runDaemon is `agent run PLAN`: the reconcile loop until SIGTERM.
-func runDaemon(ctx context.Context, args []string, stderr io.Writer) int {
+func runDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := flagSet("run", &o, stderr)
-	interval := fs.Duration("interval", 0, "reconcile interval (default: the plan's agent.interval, else 30s)")
-	listen := fs.String("listen", "", "metrics and status address (default: the plan's agent.metrics_listen, else 127.0.0.1:9464)")
+	interval := fs.Duration("interval", 0, "`DUR` between two full reconciles (default: the plan's agent.interval, else 30s)")
+	listen := fs.String("listen", "", "`ADDR` of /status, /metrics and /healthz (default: the plan's agent.metrics_listen, else 127.0.0.1:9464)")
 	fs.Lookup("log-level").DefValue = "info"
 	o.logLevel = "info"
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
+	pos, code, ok := parseArgs("run", fs, args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	if len(pos) != 1 {
 		fmt.Fprintln(stderr, "agent run: want exactly one PLAN")

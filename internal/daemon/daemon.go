@@ -38,7 +38,6 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -77,9 +76,11 @@ type Config struct {
 	Listen   string
 	// Engine options (Parallelism: the number of workers, HostOverride, Log…); Hold is
 	// set by Run.
-	Engine   agent.Options
-	Log      *slog.Logger
-	Notifier *sdnotify.Notifier
+	Engine agent.Options
+	Log    *slog.Logger
+	// Notify sends one sd_notify datagram; nil sends to $NOTIFY_SOCKET (nothing outside
+	// systemd). Tests record the datagrams instead.
+	Notify func(state string) error
 	// LockTimeout bounds the wait at start for an operator's command that holds the
 	// state lock; past it Run fails (systemd restarts it). Zero waits as long as it takes.
 	LockTimeout time.Duration
@@ -108,7 +109,7 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	redact  *agent.RedactingHandler // d.log's, given each loaded plan's secrets
-	notify  *sdnotify.Notifier
+	notify  notifier
 	metrics *metrics
 	queue   *workQueue
 	// work is the workers' context: it ends only after the stop grace.
@@ -189,7 +190,7 @@ func (rs *resState) stopWatch() {
 // Run runs the loop until ctx ends or SIGTERM/SIGINT arrives. It fails at once when the
 // first plan is invalid (there is no last good plan to keep).
 func Run(ctx context.Context, cfg Config) error {
-	d := &Daemon{cfg: cfg, log: cfg.Log, notify: cfg.Notifier, res: map[string]*resState{}, queue: newWorkQueue()}
+	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
@@ -200,9 +201,6 @@ func Run(ctx context.Context, cfg Config) error {
 	d.log = slog.New(d.redact)
 	if d.debugOn() {
 		d.queue.trace = d.traceQueue
-	}
-	if d.notify == nil {
-		d.notify = sdnotify.FromEnv()
 	}
 	p, diags, err := d.loadNow(ctx)
 	if err != nil {
@@ -236,10 +234,10 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// READY as soon as the endpoint serves: the first reconciles may take as long as a
 	// 52 GB download, far past systemd's start timeout. STATUS= says what is going on.
-	d.notify.Ready("starting")
+	d.notify.ready("starting")
 	lock, err := d.acquire(ctx)
 	if err != nil {
-		d.notify.Stopping()
+		d.notify.stopping()
 		if ctx.Err() != nil {
 			return nil // stopped while waiting
 		}
@@ -248,7 +246,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer lock.Release()
 	d.writeRunFile(addr)
 	if err := d.eng.Prepare(ctx); err != nil {
-		d.notify.Stopping()
+		d.notify.stopping()
 		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
 	}
 	changed, closeWatch := d.watch(ctx)
@@ -303,7 +301,7 @@ func Run(ctx context.Context, cfg Config) error {
 // then their context ends.
 func (d *Daemon) shutdown(wg *sync.WaitGroup, cancelWork context.CancelFunc) {
 	d.stopping.Store(true)
-	d.notify.Stopping()
+	d.notify.stopping()
 	d.log.Info("stopping; managed servers keep running")
 	d.queue.ShutDown()
 	d.mu.Lock()
@@ -356,7 +354,7 @@ func (d *Daemon) acquire(ctx context.Context) (*state.Lock, error) {
 		d.mu.Unlock()
 		if first {
 			d.log.Warn("waiting for the state lock", "error", err)
-			d.notify.Status("waiting: " + err.Error())
+			d.notify.status("waiting: " + err.Error())
 		}
 		if d.cfg.LockTimeout > 0 && time.Since(began) > d.cfg.LockTimeout {
 			return nil, fmt.Errorf("%w (waited --lock-timeout %s)", err, d.cfg.LockTimeout)
@@ -492,7 +490,10 @@ func (d *Daemon) stuck(now time.Time) (bool, string) {
 
 // watchdog pings systemd while no step is stuck.
 func (d *Daemon) watchdog(ctx context.Context) {
-	every := sdnotify.WatchdogInterval()
+	every, err := watchdogInterval()
+	if err != nil {
+		d.log.Error("systemd's watchdog setting is malformed: no watchdog ping", "error", err)
+	}
 	if every <= 0 {
 		return
 	}
@@ -504,7 +505,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 			return
 		case <-t.C:
 			if stuck, why := d.stuck(time.Now()); !stuck {
-				d.notify.Watchdog()
+				d.notify.watchdog()
 			} else {
 				d.log.Error("stuck: no watchdog ping", "why", why)
 			}

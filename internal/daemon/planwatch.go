@@ -93,7 +93,7 @@ func (r *reloads) trigger() {
 	r.seq++
 	r.id, r.began, r.again = r.seq, time.Now(), false
 	r.d.setLoading(r.began)
-	r.d.notify.Reloading()
+	r.d.notify.reloading()
 	r.timer.Reset(orDefault(r.d.cfg.LoadTimeout, DefaultLoadTimeout))
 	r.d.loadAsync(r.id, r.results)
 }
@@ -116,7 +116,7 @@ func (r *reloads) done(res loadResult) {
 		r.d.mu.Unlock()
 		r.d.log.Info("plan loaded", "plan", r.d.cfg.PlanPath, "resources", n)
 	}
-	r.d.notify.Ready(r.d.summaryLine())
+	r.d.notify.ready(r.d.summaryLine())
 	if r.again {
 		r.trigger()
 	}
@@ -133,7 +133,7 @@ func (r *reloads) expired() {
 	r.d.log.Error("the new plan did not load in time; the last good plan keeps running", "error", err)
 	r.id = 0
 	r.d.setLoading(time.Time{})
-	r.d.notify.Ready(r.d.summaryLine())
+	r.d.notify.ready(r.d.summaryLine())
 	if r.again {
 		r.trigger()
 	}

@@ -25,7 +25,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/docs/schema"
-	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -98,7 +97,7 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 			return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds), Vars: vars})
 		},
 		Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 10 * time.Second, Listen: "127.0.0.1:0",
-		Notifier: sdnotify.New(""), Log: slog.New(slog.NewTextHandler(logs, nil)), StopGrace: 5 * time.Second,
+		Notify: func(string) error { return nil }, Log: slog.New(slog.NewTextHandler(logs, nil)), StopGrace: 5 * time.Second,
 		Ready: func(addr string) { ready <- "http://" + addr },
 	}
 	if tune != nil {
@@ -217,6 +216,7 @@ func TestServerKilledDuringADownloadIsRepairedAtOnce(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	body := make([]byte, 24<<20)
 	for i := range body {
@@ -281,6 +281,7 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=oom"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
@@ -347,6 +348,7 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
@@ -387,6 +389,7 @@ func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},
@@ -423,6 +426,7 @@ func TestBackoffAfterAVerifiedRepairStillReportsHealthy(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "settle=200ms"},

@@ -11,6 +11,7 @@
 // exit 2),
 // prints SGLang's real startup, batch and failure lines with the
 // "[2026-05-01 12:00:00 TP0] " prefix, serves /health (503 until ready),
+// /health_generate (a one-token generation, as SGLang's),
 // /v1/models, /v1/chat/completions and, with --enable-metrics, /metrics with
 // sglang: names, and exits on SIGTERM within milliseconds.
 //
@@ -30,6 +31,12 @@
 //	hold-port        a child inherits the listening socket and keeps the port bound
 //	loop             chat answers loop a sentence unless presence_penalty > 0
 //	hybrid           print the hybrid (mamba) decode line form
+//	wedge[=DUR]      once ready (for DUR), the engine hangs: /health stays 200, while
+//	                 /health_generate (503 after SGLANG_HEALTH_CHECK_TIMEOUT, 20 s, with
+//	                 SGLang's "Health check failed" line) and generation hang, batch
+//	                 lines stop, counters freeze; SIGUSR1 wedges a running fake too
+//	busy[=DUR]       slow but progressing: /health_generate answers after DUR (12 s),
+//	                 batch lines and counters keep moving
 //
 // With --enable-dp-attention and --dp-size N, each of the N DP ranks logs its own
 // "[ts DPi TPj] Decode batch" line and exports its own dp_rank series, as SGLang does.

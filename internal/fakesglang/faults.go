@@ -20,6 +20,14 @@ type faults struct {
 	holdPort      bool
 	loop          bool
 	hybrid        bool
+	// wedge: once ready for wedgeAfter, the engine hangs (a hung collective, a
+	// deadlocked scheduler) while the HTTP front end keeps answering /health.
+	wedge      bool
+	wedgeAfter time.Duration
+	// busy: the engine is slow but progressing: /health_generate answers only after
+	// busyProbe, while batch lines and token counters keep moving.
+	busy      bool
+	busyProbe time.Duration
 }
 
 func parseFaults(s string) (faults, error) {
@@ -64,6 +72,16 @@ func parseFaults(s string) (faults, error) {
 			f.loop = true
 		case "hybrid":
 			f.hybrid = true
+		case "wedge":
+			f.wedge = true
+			if val != "" {
+				f.wedgeAfter, err = time.ParseDuration(val)
+			}
+		case "busy":
+			f.busy, f.busyProbe = true, 12*time.Second
+			if val != "" {
+				f.busyProbe, err = time.ParseDuration(val)
+			}
 		default:
 			err = fmt.Errorf("unknown fault")
 		}

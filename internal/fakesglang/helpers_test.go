@@ -38,6 +38,12 @@ type proc struct {
 // FAKE_SGLANG=faults; cleanup kills its process group.
 func launch(t *testing.T, faults string, args ...string) *proc {
 	t.Helper()
+	return launchEnv(t, nil, faults, args...)
+}
+
+// launchEnv is launch with extra environment variables (NAME=value).
+func launchEnv(t *testing.T, env []string, faults string, args ...string) *proc {
+	t.Helper()
 	p := &proc{log: filepath.Join(t.TempDir(), "server.log"), done: make(chan struct{})}
 	if !strings.Contains(strings.Join(args, " "), "--port") {
 		p.port = testbin.FreePort(t)
@@ -49,7 +55,7 @@ func launch(t *testing.T, faults string, args ...string) *proc {
 	}
 	defer f.Close()
 	p.cmd = exec.Command(testbin.FakeSGLang(t), args...)
-	p.cmd.Env = append(os.Environ(), "FAKE_SGLANG="+faults, "FAKE_SGLANG_DECODE_INTERVAL=200ms")
+	p.cmd.Env = append(append(os.Environ(), "FAKE_SGLANG="+faults, "FAKE_SGLANG_DECODE_INTERVAL=200ms"), env...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {

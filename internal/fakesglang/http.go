@@ -12,7 +12,7 @@ import (
 func (s *server) serveHTTP(ln net.Listener) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", s.health)
-	mux.HandleFunc("GET /health_generate", s.health)
+	mux.HandleFunc("GET /health_generate", s.healthGenerate)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /get_model_info", s.modelInfo)
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
@@ -145,6 +145,10 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
 		return
 	}
+	if s.isWedged() {
+		s.hang(r, 0)
+		return
+	}
 	var req chatRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
 	if err := dec.Decode(&req); err != nil {
@@ -213,7 +217,7 @@ func (s *server) metrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	st := s.stats
+	st, hung := s.stats, s.hung
 	s.mu.Unlock()
 	// One series per scheduler that exports: the first TP rank of each DP
 	// rank, labelled dp_rank with DP attention (as SGLang's metrics mixin).
@@ -247,7 +251,7 @@ func (s *server) metrics(w http.ResponseWriter, r *http.Request) {
 		gauge("sglang:mamba_usage", "The token usage for Mamba layers.", 0.06)
 	}
 	gauge("sglang:gen_throughput", "The generation throughput (token/s).", s.genThroughput())
-	gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", 0)
+	gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", float64(hung))
 	gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0)
 	al, ar, _ := s.specNumbers()
 	gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.", al)

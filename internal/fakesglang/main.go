@@ -123,6 +123,9 @@ type server struct {
 	children []*exec.Cmd
 	ln       net.Listener
 	stats    stats
+	wedged   bool      // the engine hangs (engine.go)
+	wedgedAt time.Time // when it did: the last output of the engine
+	hung     int       // requests hanging on the wedged engine
 }
 
 // stats is what /metrics and the decode lines report.
@@ -149,6 +152,13 @@ func (s *server) run() int {
 	} else {
 		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	}
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+			s.wedgeNow()
+		}
+	}()
 	go s.start()
 	select {
 	case <-sigs:
@@ -295,10 +305,18 @@ func (s *server) start() {
 			s.fail(1)
 		}()
 	}
+	if s.faults.wedge {
+		go func() {
+			time.Sleep(s.faults.wedgeAfter)
+			s.wedgeNow()
+		}()
+	}
 	if s.decodeInterval > 0 {
 		t := time.NewTicker(s.decodeInterval)
 		for range t.C {
-			s.decodeLine(40)
+			if !s.isWedged() {
+				s.decodeLine(40)
+			}
 		}
 	}
 }

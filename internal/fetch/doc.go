@@ -16,7 +16,8 @@
 //
 // # Parallel ranges
 //
-// A file of known size larger than one piece is fetched by range workers on net/http, up to
+// A file larger than one piece is fetched by range workers on net/http (a size the caller
+// does not give is learned first: HEAD, else the Content-Range of a first ranged GET), up to
 // Options.Connections per file within Options.MaxConnections for the Fetch, writing at
 // offsets, with one hasher per file following the contiguous prefix through the page cache,
 // a version-2 sidecar of durable bytes per piece, and a live record (.NAME.partial.live)

@@ -13,8 +13,9 @@ import (
 )
 
 // The live record (.NAME.partial.live) says, within one boot of the machine, how many bytes
-// of each piece are written: each range worker rewrites its piece's 8-byte slot with one
-// pwrite after each write of data, and the hasher its offset and state. Neither is synced:
+// of each block (the sidecar's unit) are written: each range worker rewrites its block's
+// 8-byte slot with one pwrite after each write of data, and the hasher its offset and
+// state. Neither is synced:
 // a SIGKILLed agent leaves its written bytes and these slots in the page cache, where the
 // next agent of the same boot finds both, so nothing written is fetched again. A pwrite of
 // a few bytes inside one page either happens or does not when the process dies, and a slot
@@ -24,7 +25,7 @@ import (
 //
 // Layout, little-endian: [0,8) magic, [8,24) layout id, [24,64) boot id, [64,192) hash slot
 // (offset int64, state length uint16, state, crc32 of the slot's bytes before it), then one
-// int64 per piece from 192.
+// int64 per block from 192.
 
 const (
 	liveMagic     = "AGLIVE01"

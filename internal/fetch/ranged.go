@@ -1,6 +1,7 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -17,31 +18,38 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
-// Parallel ranges within one file. A file of known size larger than one piece is cut into
-// pieces (16–64 MiB, smaller for files under 128 MiB); up to Options.Connections range workers per file, within
-// Options.MaxConnections for the whole Fetch, each take the lowest piece nobody holds and
-// GET it with a Range request on its own connection, writing at the piece's offset of the
-// partial file (pre-sized, sparse). A per-connection cap of a CDN (16 MiB/s is typical) then
-// multiplies by the connections instead of limiting the file.
+// Parallel ranges within one file. A file larger than one piece (its size given, or learned
+// by learnSize) is cut into pieces (16–64 MiB, smaller for files under 128 MiB); up to
+// Options.Connections range workers per file, within Options.MaxConnections for the whole
+// Fetch, each take the lowest piece nobody holds and GET it with a Range request on its own
+// connection, writing at the piece's offset of the partial file (pre-sized, sparse). A
+// per-connection cap of a CDN (16 MiB/s is typical) then multiplies by the connections
+// instead of limiting the file.
 //
-// One hasher per file follows the contiguous prefix as the pieces fill it, reading the bytes
+// Progress is counted in blocks (a sixteenth of a piece, 16 KiB to 1 MiB): a worker's
+// request covers a span of blocks, and a worker with nothing left to take splits the span of
+// a connection much slower than itself at a block boundary (steal), so one congested
+// connection does not hold the file back.
+//
+// One hasher per file follows the contiguous prefix as the blocks fill it, reading the bytes
 // just written back from the page cache (pieces are handed out in order, so the prefix stays
 // within a few pieces of the workers and the data is still cached): sha256 runs while the
-// file arrives and never over cold data, and the file is verified the moment its last piece
+// file arrives and never over cold data, and the file is verified the moment its last block
 // lands.
 //
 // Checkpoints: every Options.CheckpointEvery bytes a worker receives, the partial file is
 // fsynced and the sidecar (.NAME.partial.json, version 2) records how many bytes of each
-// piece are durable and the hash state at a durable offset, so after a reboot each worker
+// block are durable and the hash state at a durable offset, so after a reboot each worker
 // fetches at most one checkpoint again. Within one boot the live record (live.go) counts
 // every byte written, so an agent killed with SIGKILL fetches nothing twice.
 //
 // grab is not used here: it transfers a file as one stream from a single offset, with no
 // way to ask for a range with an end or to write at an offset. The single-stream path
-// (transfer.go, on grab) still serves small files, files of unknown size, Connections = 1,
-// and servers that ignore ranges: a 200 to a range request falls back to it.
+// (transfer.go, on grab) still serves small files, Connections = 1, and servers that ignore
+// ranges: a 200 to a range request falls back to it.
 
 // rangedSidecar is the sidecar of a file fetched in pieces.
 type rangedSidecar struct {
@@ -50,9 +58,10 @@ type rangedSidecar struct {
 	ETag       string  `json:"etag,omitempty"`
 	Size       int64   `json:"size"`
 	SHA256     string  `json:"sha256,omitempty"`
-	Piece      int64   `json:"piece"`
-	Layout     string  `json:"layout"` // ties the live record to this layout
-	Done       []int64 `json:"done"`   // durable bytes of each piece, from its start
+	From       string  `json:"from,omitempty"` // the URL ETag belongs to (a mirror's); URL if empty
+	Piece      int64   `json:"piece"`          // the unit Done counts: a block (a whole piece before work stealing)
+	Layout     string  `json:"layout"`         // ties the live record to this layout
+	Done       []int64 `json:"done"`           // durable bytes of each block, from its start
 	HashOffset int64   `json:"hash_offset"`
 	HashState  []byte  `json:"hash_state"`
 }
@@ -81,11 +90,25 @@ func (r *run) pieceSize(size int64) int64 {
 	return max(min(p, (size+conns-1)/conns), minSharePiece)
 }
 
-// useRanges says whether f is fetched in pieces: its size is known and spans two pieces or
-// more, more than one connection is allowed, and no single-stream checkpoint is waiting to be
-// resumed.
+// blockSize is the unit a file's progress is counted in (the sidecar's Done, the live
+// record's slots) and the finest cut of a work steal: a sixteenth of a piece, between 16
+// KiB and 1 MiB, so that a connection robbed of its range keeps at most one block; but at
+// most 8192 blocks per file (a 52 GB file counts 6.3 MiB blocks), so the sidecar written
+// at each checkpoint stays small.
+func blockSize(size, piece int64) int64 {
+	const minBlock, maxBlock, maxBlocks = 16 << 10, 1 << 20, 8192
+	b := min(max(piece/16, minBlock), maxBlock)
+	if floor := (size + maxBlocks - 1) / maxBlocks; b < floor {
+		b = (floor + minBlock - 1) / minBlock * minBlock
+	}
+	return max(min(b, piece), 1)
+}
+
+// useRanges says whether f is fetched in pieces: more than one connection is allowed, its
+// size spans two pieces or more (or is unknown: it is learned first, see learnSize), and no
+// single-stream checkpoint is waiting to be resumed.
 func (r *run) useRanges(t *task) bool {
-	if t.single || r.opts.Connections < 2 || t.f.Size < 0 || t.f.Size <= r.pieceSize(t.f.Size) {
+	if t.single || r.opts.Connections < 2 || (t.f.Size >= 0 && t.f.Size <= r.pieceSize(t.f.Size)) {
 		return false
 	}
 	if st, ok := r.readCheckpoint(t.f); ok && st.off > 0 {
@@ -104,33 +127,41 @@ type rangedFile struct {
 	hc   *http.Client
 	ft   *fileTransport
 
-	piece  int64
-	pieces int
+	block  int64 // the unit the sidecar and the live record count
+	blocks int
+	span   int64 // bytes a worker asks for at once (a piece: pieceSize)
 
 	mu        sync.Mutex
-	cond      *sync.Cond // signals the hasher and piece waiters
+	cond      *sync.Cond // signals the hasher
 	sc        rangedSidecar
-	written   []int64 // bytes written of each piece
-	held      []bool  // a worker holds the piece
-	hashOff   int64   // bytes hashed
-	hashState []byte  // marshalled hash after hashOff bytes
+	written   []int64 // bytes written of each block, from its start
+	held      []bool  // a worker's span covers the block
+	spans     map[*span]bool
+	hashOff   int64  // bytes hashed
+	hashState []byte // marshalled hash after hashOff bytes
 	etag      string
 	stopped   bool
 
 	ckMu    sync.Mutex // one checkpoint at a time
 	signed  atomic.Pointer[string]
 	retries atomic.Int32 // requests retried, for FileResult.Attempts
+	stolen  atomic.Int32 // spans split off a slower connection, for FileResult.Stolen
+
+	// first is the open answer to the GET that learned the file's size (bytes from 0), for
+	// the worker that takes piece 0; nil once taken or when the size was known or came from
+	// a HEAD.
+	first *probeResponse
 }
 
-func (rf *rangedFile) pieceLen(i int) int64 {
-	return min(rf.piece, rf.sc.Size-int64(i)*rf.piece)
+func (rf *rangedFile) blockLen(i int) int64 {
+	return min(rf.block, rf.sc.Size-int64(i)*rf.block)
 }
 
 // contiguous is how many bytes from the start are written. Call with mu held.
 func (rf *rangedFile) contiguous() int64 {
-	for i := int(rf.hashOff / rf.piece); i < rf.pieces; i++ {
-		if rf.written[i] < rf.pieceLen(i) {
-			return int64(i)*rf.piece + rf.written[i]
+	for i := int(rf.hashOff / rf.block); i < rf.blocks; i++ {
+		if rf.written[i] < rf.blockLen(i) {
+			return int64(i)*rf.block + rf.written[i]
 		}
 	}
 	return rf.sc.Size
@@ -142,7 +173,7 @@ func (rf *rangedFile) contiguous() int64 {
 // the single stream.
 func (r *run) downloadPieces(ctx context.Context, t *task) error {
 	restarts := 0
-	budget := &retryBudget{r: r}
+	budget := r.budget(t)
 	for {
 		err := r.downloadRanged(ctx, t)
 		if err == nil || ctx.Err() != nil {
@@ -159,6 +190,8 @@ func (r *run) downloadPieces(ctx context.Context, t *task) error {
 			}
 			t.single = true
 			return errNoRanges
+		case errors.As(err, &re) && t.mirror:
+			return err // this mirror's copy is not the file: the next source keeps the bytes
 		case errors.As(err, &re) && restarts <= r.opts.Retries:
 			restarts++
 			t.fr.Restarts++
@@ -179,7 +212,7 @@ func (r *run) downloadPieces(ctx context.Context, t *task) error {
 // downloadRanged fetches t's file in pieces from where the sidecar and the live record
 // leave it, verifies it and renames it into place.
 func (r *run) downloadRanged(ctx context.Context, t *task) error {
-	rf, err := r.openRanged(t)
+	rf, err := r.openRanged(ctx, t)
 	if err != nil {
 		return err
 	}
@@ -205,7 +238,7 @@ func (r *run) downloadRanged(ctx context.Context, t *task) error {
 	var wg sync.WaitGroup
 	var once sync.Once
 	var firstErr error
-	workers := min(r.opts.Connections, rf.pieces)
+	workers := int(min(int64(r.opts.Connections), (rf.sc.Size+rf.span-1)/rf.span))
 	for range workers {
 		wg.Go(func() {
 			if err := rf.work(fctx); err != nil {
@@ -216,6 +249,7 @@ func (r *run) downloadRanged(ctx context.Context, t *task) error {
 	}
 	wg.Wait()
 	t.fr.Attempts += int(rf.retries.Load())
+	t.fr.Stolen += int(rf.stolen.Load())
 	rf.mu.Lock()
 	rf.stopped = true
 	rf.cond.Broadcast()
@@ -251,6 +285,11 @@ func (rf *rangedFile) close() {
 		rf.fd.Close()
 	}
 	rf.live.close()
+	rf.mu.Lock()
+	first := rf.first
+	rf.first = nil
+	rf.mu.Unlock()
+	first.close()
 }
 
 func (rf *rangedFile) doneBytes() int64 {
@@ -264,20 +303,30 @@ func (rf *rangedFile) doneBytes() int64 {
 }
 
 // openRanged resumes the file's pieces from the sidecar (and, in the same boot, the live
-// record), or lays out a fresh partial file.
-func (r *run) openRanged(t *task) (*rangedFile, error) {
-	rf := &rangedFile{r: r, t: t, l: layoutOf(t.f.Name)}
+// record), or lays out a fresh partial file, learning its size first when the plan gives none.
+func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error) {
+	rf := &rangedFile{r: r, t: t, l: layoutOf(t.f.Name), spans: map[*span]bool{}}
+	defer func() {
+		if err != nil {
+			rf.first.close()
+		}
+	}()
 	rf.cond = sync.NewCond(&rf.mu)
 	rf.hc, rf.ft = r.rangeClient(t)
 	if sc, ok := r.readRangedSidecar(t.f); ok {
 		rf.sc = *sc
-		rf.piece, rf.pieces = sc.Piece, len(sc.Done)
+		rf.block, rf.blocks = sc.Piece, len(sc.Done)
 		rf.written = append([]int64(nil), sc.Done...)
 		rf.hashOff, rf.hashState, rf.etag = sc.HashOffset, sc.HashState, sc.ETag
+		if from := cmp.Or(sc.From, sc.URL); from != t.src {
+			// Bytes of another source: kept (the hash judges them), but its ETag says
+			// nothing about this one.
+			rf.etag, rf.sc.ETag, rf.sc.From = "", "", t.src
+		}
 		layoutID, _ := hex.DecodeString(sc.Layout)
-		if ls, ok := r.readLive(rf.l.live, layoutID, rf.pieces); ok {
+		if ls, ok := r.readLive(rf.l.live, layoutID, rf.blocks); ok {
 			for i, w := range ls.written {
-				rf.written[i] = max(rf.written[i], min(w, rf.pieceLen(i)))
+				rf.written[i] = max(rf.written[i], min(w, rf.blockLen(i)))
 			}
 			if ls.hashOff > rf.hashOff && ls.hashOff <= rf.contiguous() {
 				rf.hashOff, rf.hashState = ls.hashOff, ls.hashState
@@ -292,23 +341,40 @@ func (r *run) openRanged(t *task) (*rangedFile, error) {
 		if err == nil {
 			rf.live = live
 		}
-		rf.held = make([]bool, rf.pieces)
+		rf.held = make([]bool, rf.blocks)
+		rf.span = max(r.pieceSize(rf.sc.Size), rf.block)
 		return rf, nil
 	}
 	if err := r.discardPartial(t.f); err != nil {
 		return nil, err
 	}
 	size := t.f.Size
-	rf.piece = r.pieceSize(size)
-	rf.pieces = int((size + rf.piece - 1) / rf.piece)
-	rf.written = make([]int64, rf.pieces)
-	rf.held = make([]bool, rf.pieces)
+	if size < 0 {
+		if size, rf.first, err = r.learnSize(ctx, t, rf.hc); err != nil {
+			return nil, err
+		}
+		t.total.Store(size)
+		if err := r.checkFree(size); err != nil {
+			return nil, &permanentError{err}
+		}
+		if size == 0 || (rf.first == nil && size <= r.pieceSize(size)) {
+			// Nothing to share between connections: one stream, as a file of this size
+			// declared in the plan would be.
+			t.single = true
+			return nil, errNoRanges
+		}
+	}
+	rf.span = r.pieceSize(size)
+	rf.block = blockSize(size, rf.span)
+	rf.blocks = int((size + rf.block - 1) / rf.block)
+	rf.written = make([]int64, rf.blocks)
+	rf.held = make([]bool, rf.blocks)
 	state, _ := sha256.New().(encoding.BinaryMarshaler).MarshalBinary()
 	rf.hashState = state
 	layoutID := make([]byte, layoutIDBytes)
 	rand.Read(layoutID)
-	rf.sc = rangedSidecar{Version: rangedVersion, URL: t.f.URL, Size: size, SHA256: t.f.SHA256,
-		Piece: rf.piece, Layout: hex.EncodeToString(layoutID), Done: make([]int64, rf.pieces), HashState: state}
+	rf.sc = rangedSidecar{Version: rangedVersion, URL: t.f.URL, From: t.src, Size: size, SHA256: t.f.SHA256,
+		Piece: rf.block, Layout: hex.EncodeToString(layoutID), Done: make([]int64, rf.blocks), HashState: state}
 	fd, err := r.root.OpenFile(rf.l.partial, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("create partial file: %w", err)
@@ -451,51 +517,153 @@ func (rf *rangedFile) checkpointLocked() error {
 	return rf.saveSidecar(false)
 }
 
-// claim gives the worker the lowest piece that is neither complete nor held, or -1.
-func (rf *rangedFile) claim() int {
+// span is the range one worker is fetching: [next, end), none of it written yet. It covers
+// whole blocks from its second block on; a steal moves end down to a block boundary.
+type span struct {
+	next, end int64
+	// reserved: the worker may be writing up to here now; a steal cuts above it.
+	reserved int64
+	sent     time.Time // when the current request left
+	first    time.Time // when its first byte arrived (zero: none yet)
+	got      int64     // bytes written since the first byte
+}
+
+// rate is the span's bytes per second since its first byte, 0 when unknown.
+func (sp *span) rate(now time.Time) float64 {
+	if sp.first.IsZero() {
+		return 0
+	}
+	if d := now.Sub(sp.first).Seconds(); d > 0 {
+		return float64(sp.got) / d
+	}
+	return 0
+}
+
+const (
+	// stealLook: a span is judged on its rate once its bytes have run this long, or, with
+	// no byte yet, once its request has waited twice as long (a slow first byte is not
+	// a slow connection before then).
+	stealLook = 250 * time.Millisecond
+	// stealRatio: a span slower than the thief by this factor is split; between
+	// connections of about the same speed a split would only cost a request.
+	stealRatio = 2
+)
+
+// claim gives the worker a span from the lowest block that is neither complete nor held,
+// running over the following untouched blocks up to a piece, or nil when every block is
+// held or done.
+func (rf *rangedFile) claim() *span {
 	rf.mu.Lock()
 	defer rf.mu.Unlock()
-	for i := range rf.pieces {
-		if !rf.held[i] && rf.written[i] < rf.pieceLen(i) {
-			rf.held[i] = true
-			return i
+	for i := range rf.blocks {
+		if rf.held[i] || rf.written[i] >= rf.blockLen(i) {
+			continue
+		}
+		start := int64(i)*rf.block + rf.written[i]
+		j := i
+		for rf.held[j] = true; j+1 < rf.blocks && int64(j+1-i)*rf.block < rf.span && !rf.held[j+1] && rf.written[j+1] == 0; j++ {
+			rf.held[j+1] = true
+		}
+		sp := &span{next: start, end: min(int64(j+1)*rf.block, rf.sc.Size), reserved: start}
+		rf.spans[sp] = true
+		return sp
+	}
+	return nil
+}
+
+// steal splits the span of the slowest connection when it runs at less than half the
+// thief's rate (the fastest span's when the thief has none yet): the thief takes the far
+// part, sized so that both finish together at their rates, and the victim keeps at least
+// the rest of the block it is writing. aria2c does the same for a connection that falls
+// behind; without it one congested connection holds the whole file (and the hashed prefix)
+// back. nil when no span is worth splitting.
+func (rf *rangedFile) steal(thiefRate float64) *span {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	now := time.Now()
+	if thiefRate <= 0 {
+		for sp := range rf.spans {
+			thiefRate = max(thiefRate, sp.rate(now))
 		}
 	}
-	return -1
+	if thiefRate <= 0 {
+		return nil
+	}
+	var victim *span
+	var cut int64
+	worst := 0.0
+	for sp := range rf.spans {
+		judged := (!sp.first.IsZero() && now.Sub(sp.first) >= stealLook) || (sp.first.IsZero() && now.Sub(sp.sent) >= 2*stealLook)
+		rv := sp.rate(now)
+		if sp.sent.IsZero() || !judged || rv*stealRatio >= thiefRate {
+			continue
+		}
+		// Victim and thief finish together: the victim keeps rv/(rv+rt) of the rest,
+		// rounded up to a block, and at least the block it is writing.
+		left := sp.end - sp.next
+		at := sp.next + int64(float64(left)*rv/(rv+thiefRate))
+		at = max(at, sp.reserved+1, sp.next+1)
+		at = (at + rf.block - 1) / rf.block * rf.block
+		if at >= sp.end {
+			continue
+		}
+		eta := float64(left) / max(rv, 1)
+		if victim == nil || eta > worst {
+			victim, cut, worst = sp, at, eta
+		}
+	}
+	if victim == nil {
+		return nil
+	}
+	sp := &span{next: cut, end: victim.end, reserved: cut}
+	victim.end = cut
+	rf.spans[sp] = true
+	rf.stolen.Add(1)
+	return sp
 }
 
-func (rf *rangedFile) release(i int) {
+// release ends a worker's span: its blocks are free for another worker (those it did not
+// complete, after an error, are claimed again from where they stopped).
+func (rf *rangedFile) release(sp *span) {
 	rf.mu.Lock()
-	rf.held[i] = false
-	rf.mu.Unlock()
+	defer rf.mu.Unlock()
+	delete(rf.spans, sp)
+	for i := sp.next / rf.block; i*rf.block < sp.end; i++ {
+		rf.held[i] = false
+	}
 }
 
-// work is one range worker: it holds a connection slot of the Fetch and fetches pieces
-// until none is left. A failed request is retried on the same piece from where it stopped,
-// re-resolving through the file's URL (a signed CDN URL may have expired); the budget of
-// failures resets whenever bytes arrive.
+// work is one range worker: it holds a connection slot of the Fetch and fetches spans until
+// none is left to claim or worth stealing. A failed request is retried on the same span
+// from where it stopped, re-resolving through the file's URL (a signed CDN URL may have
+// expired); the budget of failures resets whenever bytes arrive.
 func (rf *rangedFile) work(ctx context.Context) error {
 	release, err := rf.r.acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
-	budget := &retryBudget{r: rf.r}
+	budget := rf.r.budget(rf.t)
 	buf := make([]byte, copyBufferSize)
 	tries := 1
 	var sinceCk int64 // bytes this worker received since its last checkpoint
+	var rate float64  // this worker's rate on its last span
 	for {
-		i := rf.claim()
-		if i < 0 {
+		sp := rf.claim()
+		if sp == nil {
+			sp = rf.steal(rate)
+		}
+		if sp == nil {
 			return nil
 		}
 		for {
 			before := rf.t.recv.Load()
-			err := rf.fetchPiece(ctx, i, buf, &sinceCk)
+			err := rf.fetchSpan(ctx, sp, buf, &sinceCk)
 			if err == nil {
 				break
 			}
 			if ctx.Err() != nil {
+				rf.release(sp)
 				return context.Cause(ctx)
 			}
 			// The next attempt re-resolves through the file's URL: a signed CDN URL
@@ -504,24 +672,32 @@ func (rf *rangedFile) work(ctx context.Context) error {
 			var re *restartError
 			var pe *permanentError
 			if errors.Is(err, errNoRanges) || errors.As(err, &re) || errors.As(err, &pe) || permanent(err) || isDiskFull(err) {
+				rf.release(sp)
 				return err
 			}
 			tries++
 			rf.retries.Add(1)
 			if err := budget.next(ctx, err, rf.t.recv.Load() > before, tries); err != nil {
+				rf.release(sp)
 				return err
 			}
 		}
-		rf.release(i)
+		rf.mu.Lock()
+		if r := sp.rate(time.Now()); r > 0 {
+			rate = r
+		}
+		rf.mu.Unlock()
+		rf.release(sp)
 	}
 }
 
-// fetchPiece GETs what is missing of piece i and writes it at its offset.
-func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk *int64) error {
+// fetchSpan GETs what is missing of sp and writes it at its offset, up to sp.end, which a
+// steal may move down meanwhile: then the answer is read only that far.
+func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, sinceCk *int64) error {
 	rf.mu.Lock()
-	start := int64(i)*rf.piece + rf.written[i]
-	end := int64(i)*rf.piece + rf.pieceLen(i) - 1
+	start, end := sp.next, sp.end-1
 	etag := rf.etag
+	sp.sent, sp.first, sp.got = time.Now(), time.Time{}, 0
 	rf.mu.Unlock()
 	if start > end {
 		return nil
@@ -532,38 +708,48 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 	stopWatch := rf.r.watchStall(actx, cancel, last)
 	defer stopWatch()
 
-	u := rf.t.f.URL
-	cached := rf.signed.Load()
-	if cached != nil {
-		u = *cached
-	}
-	req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
-	if err != nil {
-		return fmt.Errorf("request: %w", err)
-	}
-	req.Header.Set("User-Agent", "agent-fetch")
-	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
-	if etag != "" && !strings.HasPrefix(etag, "W/") {
-		req.Header.Set("If-Range", etag)
-	}
-	resp, err := rf.hc.Do(req)
-	if err != nil {
-		rf.signed.Store(nil)
-		if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
-			return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+	var cached *string
+	var resp *http.Response
+	if first := rf.takeFirst(start); first != nil {
+		// The answer that learned the size: its body is the start of this piece. The
+		// stall watch of this attempt cancels its request.
+		stop := context.AfterFunc(actx, func() { first.cancel(context.Cause(actx)) })
+		defer stop()
+		defer first.cancel(nil)
+		resp = first.resp
+	} else {
+		u := rf.t.src
+		cached = rf.signed.Load()
+		if cached != nil {
+			u = *cached
 		}
-		return err
+		req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
+		if err != nil {
+			return fmt.Errorf("request: %w", err)
+		}
+		req.Header.Set("User-Agent", "agent-fetch")
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
+		if etag != "" && !strings.HasPrefix(etag, "W/") {
+			req.Header.Set("If-Range", etag)
+		}
+		if resp, err = rf.hc.Do(req); err != nil {
+			rf.signed.Store(nil)
+			if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
+				return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+			}
+			return err
+		}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 		rf.signed.Store(nil)
-		se := statusErrorOf(resp, rf.t.f.URL)
+		se := statusErrorOf(resp, rf.t.src)
 		if cached != nil {
 			se.Redirected = true // the file's URL was not asked this time
 		}
 		return se
 	}
-	if final := resp.Request.URL.String(); final != rf.t.f.URL {
+	if final := resp.Request.URL.String(); final != rf.t.src {
 		rf.signed.Store(&final)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
@@ -602,8 +788,9 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 			return err
 		}
 	}
-	// Read the range (which may end before the piece does: the next request asks for
-	// the rest), writing each read at its offset before counting it.
+	// Read the range (which may end before the span does: the next request asks for the
+	// rest), writing each read at its offset before counting it, and no further than the
+	// span's end as it is at each write (a steal may have moved it).
 	off, want := cs, ce-cs+1
 	body := io.LimitReader(resp.Body, want)
 	for want > 0 {
@@ -615,14 +802,18 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 		}
 		n, rerr := body.Read(buf[:limit])
 		if n > 0 {
-			if _, err := rf.fd.WriteAt(buf[:n], off); err != nil {
+			k, stolen := rf.reserve(sp, off, int64(n))
+			if _, err := rf.fd.WriteAt(buf[:k], off); err != nil {
 				return err
 			}
-			off += int64(n)
-			want -= int64(n)
+			off += k
+			want -= k
 			last.touch()
-			rf.wrote(i, off-int64(i)*rf.piece, int64(n))
-			if *sinceCk += int64(n); *sinceCk >= rf.r.opts.CheckpointEvery {
+			rf.wrote(sp, off, k)
+			if stolen {
+				return nil // the rest belongs to the thief; this answer is dropped
+			}
+			if *sinceCk += k; *sinceCk >= rf.r.opts.CheckpointEvery {
 				// While another worker's checkpoint syncs, keep streaming and try again
 				// after the next read: waiting for it would stall this connection.
 				done, err := rf.tryCheckpoint()
@@ -644,21 +835,60 @@ func (rf *rangedFile) fetchPiece(ctx context.Context, i int, buf []byte, sinceCk
 			return rerr
 		}
 	}
-	if ce < end {
-		return rf.fetchPiece(ctx, i, buf, sinceCk) // the server sent a shorter range: ask for the rest
+	rf.mu.Lock()
+	more := sp.next < sp.end
+	rf.mu.Unlock()
+	if more {
+		return rf.fetchSpan(ctx, sp, buf, sinceCk) // the server sent a shorter range: ask for the rest
 	}
 	return nil
 }
 
-// wrote records that piece i now holds written bytes from its start (n of them new), in
-// memory and in the live record, and wakes the hasher.
-func (rf *rangedFile) wrote(i int, written, n int64) {
+// reserve says how many of n bytes read at off the span may write: all of them, or those
+// below its end when a steal moved it (stolen: this answer is done with). It marks them
+// reserved first, so a steal never cuts below a write in progress.
+func (rf *rangedFile) reserve(sp *span, off, n int64) (int64, bool) {
 	rf.mu.Lock()
-	rf.written[i] = written
+	defer rf.mu.Unlock()
+	if sp.first.IsZero() {
+		sp.first = time.Now()
+	}
+	k := max(min(n, sp.end-off), 0)
+	sp.reserved = off + k
+	return k, off+k >= sp.end && k < n
+}
+
+// takeFirst hands over the answer that learned the file's size when it starts at start
+// (piece 0 with nothing written yet), once.
+func (rf *rangedFile) takeFirst(start int64) *probeResponse {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	first := rf.first
+	if first == nil || start != 0 {
+		return nil
+	}
+	rf.first = nil
+	return first
+}
+
+// wrote records that the span's bytes up to off are written (n of them new), in memory and
+// in the live record (one slot per block they touch), and wakes the hasher.
+func (rf *rangedFile) wrote(sp *span, off, n int64) {
+	if n <= 0 {
+		return
+	}
+	rf.mu.Lock()
+	sp.next, sp.got = off, sp.got+n
+	lo, hi := int((off-n)/rf.block), int((off-1)/rf.block)
+	for i := lo; i <= hi; i++ {
+		rf.written[i] = min(rf.blockLen(i), off-int64(i)*rf.block)
+	}
 	rf.cond.Broadcast()
 	rf.mu.Unlock()
 	if rf.live != nil {
-		rf.live.setPiece(i, written)
+		for i := lo; i <= hi; i++ {
+			rf.live.setPiece(i, min(rf.blockLen(i), off-int64(i)*rf.block))
+		}
 	}
 	rf.t.done.Add(n)
 	rf.t.recv.Add(n)
@@ -737,7 +967,7 @@ func (r *run) rangeClient(t *task) (*http.Client, *fileTransport) {
 		if len(via) >= 10 {
 			return errors.New("stopped after 10 redirects")
 		}
-		return checkURL(req.URL, r.opts.Insecure)
+		return checkURL(req.URL, r.opts.Insecure || t.mirror)
 	}
 	return &c, ft
 }
@@ -750,4 +980,122 @@ func (r *run) acquire(ctx context.Context) (func(), error) {
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
+}
+
+// probeResponse is an open answer to a ranged GET from byte 0, with the cancel of its
+// request (which outlives the function that sent it).
+type probeResponse struct {
+	resp   *http.Response
+	cancel context.CancelCauseFunc
+}
+
+func (p *probeResponse) close() {
+	if p != nil {
+		p.resp.Body.Close()
+		p.cancel(nil)
+	}
+}
+
+// learnSize finds the size of a file the plan gives none, as aria2c does: from a HEAD, or,
+// when the server refuses HEAD or answers it without a length (both exist: object stores,
+// proxies, chunked HEAD answers), from the Content-Range total of a first ranged GET, whose
+// answer is returned open so that its bytes become the start of piece 0 rather than a
+// request wasted. Either way every later answer is checked against the size learned here
+// (fetchPiece): a changed total restarts the file, and the restart learns it again.
+// errNoRanges means one stream: the server answered the GET with the whole file, or the
+// file is empty.
+func (r *run) learnSize(ctx context.Context, t *task, hc *http.Client) (int64, *probeResponse, error) {
+	if size, ok := r.headSize(ctx, t, hc); ok {
+		return size, nil, nil
+	}
+	budget := r.budget(t)
+	for tries := 1; ; tries++ {
+		size, first, err := r.probeSize(ctx, t, hc)
+		if err == nil || ctx.Err() != nil || errors.Is(err, errNoRanges) || permanent(err) {
+			return size, first, err
+		}
+		t.fr.Attempts++
+		if err := budget.next(ctx, err, false, tries); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// headSize asks HEAD for the file's length; ok is false when the answer gives none (any
+// failure included: the ranged GET that follows says what is wrong, in its own words).
+func (r *run) headSize(ctx context.Context, t *task, hc *http.Client) (int64, bool) {
+	hctx, cancel := context.WithTimeout(ctx, r.opts.StallTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(hctx, http.MethodHead, t.src, nil)
+	if err != nil {
+		return 0, false
+	}
+	req.Header.Set("User-Agent", "agent-fetch")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	resp.Body.Close()
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return 0, false // the length of another encoding
+	}
+	if resp.StatusCode != http.StatusOK || resp.ContentLength < 0 {
+		return 0, false
+	}
+	return resp.ContentLength, true
+}
+
+// probeSize sends the first ranged GET (bytes 0 to one share of a piece) and reads the
+// file's size from its Content-Range.
+func (r *run) probeSize(ctx context.Context, t *task, hc *http.Client) (int64, *probeResponse, error) {
+	want := int64(minSharePiece)
+	if r.opts.PieceSize > 0 {
+		want = min(want, r.opts.PieceSize)
+	}
+	pctx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, t.src, nil)
+	if err != nil {
+		cancel(nil)
+		return 0, nil, fmt.Errorf("request: %w", err)
+	}
+	req.Header.Set("User-Agent", "agent-fetch")
+	req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", want-1))
+	stopWatch := r.watchStall(pctx, cancel, newLastByte())
+	resp, err := hc.Do(req)
+	stopWatch()
+	if err != nil {
+		cancel(nil)
+		if errors.Is(context.Cause(pctx), ErrStalled) && ctx.Err() == nil {
+			return 0, nil, fmt.Errorf("%w: no answer for %s", ErrStalled, r.opts.StallTimeout)
+		}
+		return 0, nil, err
+	}
+	fail := func(err error) (int64, *probeResponse, error) {
+		resp.Body.Close()
+		cancel(nil)
+		return 0, nil, err
+	}
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+	case http.StatusOK:
+		return fail(errNoRanges)
+	case http.StatusRequestedRangeNotSatisfiable:
+		// "bytes */0": an empty file has no byte 0.
+		if v := resp.Header.Get("Content-Range"); v == "bytes */0" {
+			return fail(errNoRanges)
+		}
+		return fail(statusErrorOf(resp, t.src))
+	default:
+		return fail(statusErrorOf(resp, t.src))
+	}
+	cs, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+	switch {
+	case err != nil:
+		return fail(fmt.Errorf("%w: %w", ErrBadResponse, err))
+	case cs != 0:
+		return fail(fmt.Errorf("%w: asked for bytes from 0, got Content-Range %q", ErrBadResponse, resp.Header.Get("Content-Range")))
+	case total < 0:
+		return fail(errNoRanges) // "bytes 0-N/*": the size stays unknown, one stream
+	}
+	return total, &probeResponse{resp: resp, cancel: cancel}, nil
 }

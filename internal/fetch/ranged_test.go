@@ -2,6 +2,7 @@ package fetch_test
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -348,5 +349,164 @@ func TestRetryAfterOneStream(t *testing.T) {
 	var se *fetch.StatusError
 	if !errors.As(err, &se) || se.Status != 503 || !strings.Contains(err.Error(), "giving up after 4 attempts") {
 		t.Fatalf("Fetch = %v, want a 503 StatusError after 4 attempts", err)
+	}
+}
+
+// TestSizeLearned: a file the plan gives no size for is sized from a HEAD or, when the
+// server refuses HEAD or answers it without a length, from the Content-Range of a first
+// ranged GET whose bytes are kept; then it is fetched over every connection like a file of
+// declared size, each byte once. A size that changes under the download restarts the file.
+func TestSizeLearned(t *testing.T) {
+	t.Parallel()
+	const size = 4 << 20
+	data := content(size, 90)
+	bigger := content(size+100<<10, 91)
+	tests := []struct {
+		name      string
+		fault     fetchtest.Fault
+		expect    []byte
+		wantHEADs int
+		restarts  int
+	}{
+		{name: "from HEAD", expect: data, wantHEADs: 1},
+		{name: "HEAD refused: from the first range", fault: fetchtest.Fault{RefuseHEAD: true}, expect: data, wantHEADs: 1},
+		{name: "HEAD without a length: from the first range", fault: fetchtest.Fault{HEADNoLength: true}, expect: data, wantHEADs: 1},
+		{name: "HEAD busy: from the first range", fault: fetchtest.Fault{BusyHEAD: 1}, expect: data, wantHEADs: 1},
+		// The fourth GET sees another file: its total no longer matches the learned size.
+		{name: "a changed total restarts the file", fault: fetchtest.Fault{ChangeAfter: 3, Next: bigger}, expect: bigger, wantHEADs: 2, restarts: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := serve(t)
+			dest := t.TempDir()
+			f := add(s, "model.bin", data)
+			f.Size, f.SHA256 = -1, sum(tc.expect)
+			fault := tc.fault
+			fault.Rate, fault.FirstByteDelay = 1<<20, 20*time.Millisecond
+			s.SetFault("/model.bin", fault)
+			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
+			st := s.Stats("/model.bin")
+			t.Logf("result %+v, stats %+v", res.Files[0], st)
+			if err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			wantFile(t, dest, "model.bin", tc.expect)
+			if st.MaxInFlight < 8 {
+				t.Errorf("at most %d requests at once, want 8 connections: the size was not learned", st.MaxInFlight)
+			}
+			if st.HEADs != tc.wantHEADs {
+				t.Errorf("%d HEAD requests, want %d", st.HEADs, tc.wantHEADs)
+			}
+			if res.Files[0].Restarts != tc.restarts {
+				t.Errorf("Restarts = %d, want %d", res.Files[0].Restarts, tc.restarts)
+			}
+			if tc.restarts == 0 && st.BytesSent != size {
+				t.Errorf("server sent %d bytes for a %d-byte file: the first range's bytes were not kept", st.BytesSent, size)
+			}
+			if res.Files[0].Size != int64(len(tc.expect)) {
+				t.Errorf("result size %d, want %d", res.Files[0].Size, len(tc.expect))
+			}
+		})
+	}
+}
+
+// TestSizeLearnedOneStream: without ranges (a 200 to the first range) or with nothing to
+// share (an empty file), a file of unknown size still lands, on one stream.
+func TestSizeLearnedOneStream(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		data  []byte
+		fault fetchtest.Fault
+	}{
+		{"ignores ranges, HEAD refused", content(2<<20, 92), fetchtest.Fault{IgnoreRange: true, RefuseHEAD: true}},
+		{"empty, HEAD refused", []byte{}, fetchtest.Fault{RefuseHEAD: true}},
+		{"empty", []byte{}, fetchtest.Fault{}},
+		{"smaller than a piece", content(100<<10, 93), fetchtest.Fault{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := serve(t)
+			dest := t.TempDir()
+			f := add(s, "model.bin", tc.data)
+			f.Size = -1
+			s.SetFault("/model.bin", tc.fault)
+			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
+			t.Logf("result %+v, stats %+v", res.Files[0], s.Stats("/model.bin"))
+			if err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			wantFile(t, dest, "model.bin", tc.data)
+		})
+	}
+}
+
+// TestStraggler: one of 8 connections is congested at a sixteenth of the others' rate.
+// Without work stealing the file waits for it: its 512 KiB piece alone takes 8 s. With it,
+// the faster connections split its range and take the rest, so the file finishes near the
+// aggregate rate, verified (the hasher follows the prefix across the split), with each byte
+// fetched about once. With sizes learned, the same.
+func TestStraggler(t *testing.T) {
+	t.Parallel()
+	const size = 8 << 20
+	data := content(size, 95)
+	for _, known := range []bool{true, false} {
+		t.Run(fmt.Sprintf("size known %v", known), func(t *testing.T) {
+			t.Parallel()
+			s := serve(t)
+			dest := t.TempDir()
+			f := add(s, "model.bin", data)
+			if !known {
+				f.Size = -1
+			}
+			s.SetFault("/model.bin", fetchtest.Fault{Rate: 1 << 20, Congested: 1, CongestedRate: 64 << 10})
+			opts := rangedOptions(dest)
+			opts.PieceSize = 512 << 10
+			start := time.Now()
+			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
+			took := time.Since(start)
+			st := s.Stats("/model.bin")
+			t.Logf("took %v, result %+v, stats %+v", took, res.Files[0], st)
+			if err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			wantFile(t, dest, "model.bin", data)
+			if st.CongestedGETs == 0 {
+				t.Fatalf("no answer went through the congested connection: the test proves nothing")
+			}
+			if res.Files[0].Stolen == 0 {
+				t.Errorf("no range was split off the congested connection")
+			}
+			// 8 MiB over 8 connections at 1 MiB/s is 1 s, plus the first byte of each
+			// piece; the congested connection alone needs 8 s for one piece. Allow a
+			// loaded machine.
+			if took > 4*time.Second {
+				t.Errorf("took %v: the congested connection held the file back", took)
+			}
+			// What the congested connection had in flight when its range was cut is sent
+			// again at most once per split: a few of its paced 1 KiB writes.
+			if extra := st.BytesSent - size; extra > int64(res.Files[0].Stolen)*(64<<10) {
+				t.Errorf("sent %d bytes beyond one copy for %d splits", extra, res.Files[0].Stolen)
+			}
+		})
+	}
+}
+
+// TestFreeSpaceCheckedOnceLearned: a file of unknown size is checked against the free space
+// once its size is learned, before a byte of it is fetched.
+func TestFreeSpaceCheckedOnceLearned(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	f := add(s, "model.bin", content(4<<20, 96))
+	f.Size = -1
+	opts := rangedOptions(t.TempDir())
+	opts.FreeSpaceMargin = 1 << 60 // no filesystem has this much free
+	_, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
+	if !errors.Is(err, fetch.ErrNoSpace) {
+		t.Fatalf("Fetch: %v, want ErrNoSpace", err)
+	}
+	if st := s.Stats("/model.bin"); st.GETs != 0 {
+		t.Errorf("%d GETs though the space check failed (stats %+v)", st.GETs, st)
 	}
 }

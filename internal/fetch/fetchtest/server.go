@@ -57,6 +57,9 @@ type Fault struct {
 	// BusyHEAD answers the first BusyHEAD HEAD requests with 503, as a loaded server or
 	// CDN edge does now and then.
 	BusyHEAD int
+	// HEADNoLength answers HEAD with 200 and no Content-Length, as servers that would
+	// stream the body chunked do.
+	HEADNoLength bool
 
 	// EndCleanlyAfter > 0 sends no Content-Length and closes the connection cleanly after
 	// this many body bytes: a close-delimited body cut short, which the client reads as
@@ -71,6 +74,12 @@ type Fault struct {
 	// Rate > 0 caps each response (each connection: one request at a time) at Rate body
 	// bytes per second, as model CDNs cap a connection.
 	Rate int64
+	// Congested > 0 paces every answer on the first Congested connections that GET the
+	// path at CongestedRate instead (one CDN edge congested, the others not): a client
+	// that waits for its slowest connection finishes at that rate. A later connection is
+	// not congested.
+	Congested     int
+	CongestedRate int64
 	// FirstByteDelay delays each GET's headers, as a CDN's time to first byte.
 	FirstByteDelay time.Duration
 	// MaxRange > 0 answers a range request with at most MaxRange bytes (an honest
@@ -105,6 +114,7 @@ type Stats struct {
 	// InFlight is how many GETs are being answered now; MaxInFlight the most at once.
 	InFlight, MaxInFlight int
 	Busy                  int // GETs answered with BusyStatus
+	CongestedGETs         int // GETs answered at CongestedRate
 	Signed                int // signed URLs issued (redirects)
 	Expired               int // requests refused or cut because their signature expired
 }
@@ -117,6 +127,7 @@ type entry struct {
 	swapped bool
 	stats   Stats
 	sigs    map[string]*signature
+	conns   map[string]int // client address -> order of its first GET
 }
 
 // signature is one signed URL the emulated Hub issued.
@@ -284,6 +295,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "slow down", code)
 			return
 		}
+		if e.conns == nil {
+			e.conns = map[string]int{}
+		}
+		if _, ok := e.conns[r.RemoteAddr]; !ok {
+			e.conns[r.RemoteAddr] = len(e.conns)
+		}
+		if e.conns[r.RemoteAddr] < f.Congested {
+			f.Rate = f.CongestedRate
+			e.stats.CongestedGETs++
+		}
 		if f.ChangeAfter > 0 && !e.swapped && e.stats.GETs > f.ChangeAfter {
 			e.content, e.etag, e.swapped = f.Next, ETag(f.Next), true
 		}
@@ -356,7 +377,9 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		body = body[:p.fault.Truncate]
 	}
 	if r.Method == http.MethodHead {
-		h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
+		if !p.fault.HEADNoLength {
+			h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
+		}
 		w.WriteHeader(status)
 		return
 	}
