@@ -17,6 +17,7 @@ import (
 	"github.com/agent-dev/agent/internal/daemon"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -68,7 +69,7 @@ func runDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // statusFromDaemon asks a running `agent run` for status. It is used only when that daemon
 // manages the same state directory; otherwise (or when none answers) status observes the
 // host itself.
-func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Writer, red *agent.Redactor) (int, bool) {
+func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Writer, red *view.Redactor) (int, bool) {
 	addr := p.Agent.MetricsListen
 	if addr == "" {
 		addr = daemon.DefaultListen
@@ -81,7 +82,7 @@ func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Wri
 // default) still serves its last good plan, and its view is what the host does. The
 // plan's errors go to stderr first; the daemon's /status says the plan is invalid too
 // (ok false), so the exit code is at least degraded. ok is false when no daemon answers.
-func statusWithoutPlan(stateDir string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer, red *agent.Redactor) (int, bool) {
+func statusWithoutPlan(stateDir string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer, red *view.Redactor) (int, bool) {
 	if stateDir == "" {
 		stateDir = state.DefaultDir
 	}
@@ -114,7 +115,7 @@ func statusWithoutPlan(stateDir string, p *plans.Plan, diags hcl.Diagnostics, as
 }
 
 // statusFromDaemonAt asks the daemon answering at addr, when it manages stateDir.
-func statusFromDaemonAt(addr, stateDir string, asJSON bool, stdout io.Writer, red *agent.Redactor) (int, bool) {
+func statusFromDaemonAt(addr, stateDir string, asJSON bool, stdout io.Writer, red *view.Redactor) (int, bool) {
 	client := &http.Client{Timeout: 30 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -129,15 +130,15 @@ func statusFromDaemonAt(addr, stateDir string, asJSON bool, stdout io.Writer, re
 		return 0, false
 	}
 	defer resp.Body.Close()
-	var doc agent.JSONOutput
+	var doc view.JSONOutput
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&doc) != nil || doc.StateDir != stateDir {
 		return 0, false
 	}
 	if asJSON {
-		agent.WriteJSON(stdout, &doc)
+		view.WriteJSON(stdout, &doc)
 	} else {
 		fmt.Fprintf(stdout, "(from agent run at %s)\n", addr)
-		(&agent.View{W: stdout, Redact: red}).Status(agent.StatusReport(&doc))
+		(&view.View{W: stdout, Redact: red}).Status(view.StatusReport(&doc))
 	}
 	for _, r := range doc.Resources {
 		if r.Error != "" {

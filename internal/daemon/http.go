@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -31,8 +32,8 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	store, lastErr := d.store, d.lastErr
 	d.mu.Unlock()
-	red := agent.NewRedactor(p.Secrets())
-	doc := agent.JSON("status", rep, p, red)
+	red := view.NewRedactor(p.Secrets())
+	doc := view.JSON("status", rep, red)
 	doc.StateDir = store.Dir()
 	if lastErr != "" {
 		// What runs is the last good plan; the plan on disk is not: not ok, and why.
@@ -40,7 +41,7 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 		doc.Error = red.String(invalidPlanPrefix + lastErr)
 	}
 	w.Header().Set("Content-Type", "application/json")
-	agent.WriteJSON(w, doc)
+	view.WriteJSON(w, doc)
 }
 
 // invalidPlanPrefix starts /status's error while the plan on disk does not load.
@@ -52,9 +53,9 @@ const invalidPlanPrefix = "the plan on disk is invalid; the last good plan keeps
 func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	running, waiting, lastErr, loading := d.running, d.waiting, d.lastErr, d.loading
-	red := agent.NewRedactor(nil)
+	red := view.NewRedactor(nil)
 	if d.plan != nil {
-		red = agent.NewRedactor(d.plan.Secrets())
+		red = view.NewRedactor(d.plan.Secrets())
 	}
 	d.mu.Unlock()
 	if !running {

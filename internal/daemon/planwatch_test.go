@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -170,10 +171,10 @@ func TestInvalidPlanShowsInStatus(t *testing.T) {
 	if err := os.Remove(vars); err != nil {
 		t.Fatal(err)
 	}
-	var doc agent.JSONOutput
+	var doc view.JSONOutput
 	waitFor(t, "/status not ok, with an error", func() bool {
 		_, body := h.get(t, "/status")
-		doc = agent.JSONOutput{}
+		doc = view.JSONOutput{}
 		return json.Unmarshal([]byte(body), &doc) == nil && !doc.OK && doc.Error != ""
 	})
 	if !strings.Contains(doc.Error, "the plan on disk is invalid") || !strings.Contains(doc.Error, vars) {
@@ -186,7 +187,7 @@ func TestInvalidPlanShowsInStatus(t *testing.T) {
 	replace(t, vars, `value = "v1"`)
 	waitFor(t, "/status ok again", func() bool {
 		_, body := h.get(t, "/status")
-		doc = agent.JSONOutput{}
+		doc = view.JSONOutput{}
 		return json.Unmarshal([]byte(body), &doc) == nil && doc.OK && doc.Error == ""
 	})
 }
