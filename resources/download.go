@@ -531,7 +531,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	if det.listing != nil {
 		rec.Hub = det.listing
 	}
-	rep := newProgressReporter(env, d.addr, &rec)
+	rep := newProgressReporter(env, &rec)
 	opts := fetch.Options{
 		Dest: d.dest, Concurrency: d.concurrency, Connections: d.connections, MaxConnections: d.maxConns,
 		StallTimeout: d.stall, CheckpointEvery: d.checkpoint,

@@ -23,6 +23,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -229,15 +230,15 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if p != nil {
 		secrets = p.Secrets()
 	}
-	red := agent.NewRedactor(secrets)
-	log = slog.New(agent.NewRedactingHandler(log.Handler(), red))
-	view := &agent.View{W: stdout, Redact: red}
+	red := view.NewRedactor(secrets)
+	log = slog.New(view.NewRedactingHandler(log.Handler(), red))
+	human := &view.View{W: stdout, Redact: red}
 	if diags.HasErrors() {
 		return invalid(cmd, p, diags, o.json, stdout, stderr)
 	}
 	if cmd == "validate" {
 		if o.json {
-			agent.WriteJSON(stdout, agent.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
+			view.WriteJSON(stdout, view.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
 		} else {
 			if len(diags) > 0 {
 				plans.WriteDiagnostics(stderr, p.Files, diags)
@@ -250,7 +251,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	fail := func(err error) int {
 		msg := red.String(err.Error())
 		if o.json {
-			agent.WriteJSON(stdout, agent.ErrorJSON(cmd, msg))
+			view.WriteJSON(stdout, view.ErrorJSON(cmd, msg))
 		} else {
 			fmt.Fprintf(stderr, "agent %s: %s\n", cmd, msg)
 		}
@@ -265,12 +266,15 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if err != nil {
 		return fail(err)
 	}
-	var terminal io.Writer
-	if f, ok := stdout.(*os.File); ok && !o.json && term.IsTerminal(int(f.Fd())) {
-		terminal = stderr
+	if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		human.Term = stderr
+	}
+	var progress func(agent.Progress)
+	if !o.json {
+		progress = human.WorkProgress
 	}
 	eng, err := agent.New(p, kinds, store, agent.Options{
-		Terminal:      terminal,
+		Progress:      progress,
 		Parallelism:   o.parallelism,
 		Targets:       o.targets,
 		Log:           log,
@@ -281,7 +285,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		Orphans:        agent.OrphansDelete,
 		AllowDeleteAll: o.allowDelAll,
 		Probe:          o.smoke,
-		StepContext:    stopProgress(cmd, o.json, view),
+		StepContext:    stopProgress(cmd, o.json, human),
 	})
 	if err != nil {
 		return fail(err)
@@ -298,9 +302,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	case "plan":
 		rep := eng.Plan(ctx)
 		if o.json {
-			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {
-			view.Plan(rep)
+			human.Plan(rep)
 		}
 		switch {
 		case rep.Failed():
@@ -312,20 +316,20 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	case "apply":
 		var onEvent func(agent.Event)
 		if !o.json {
-			onEvent = view.ApplyEvent
+			onEvent = human.ApplyEvent
 		}
 		rep := eng.Apply(ctx, onEvent)
 		if o.json {
-			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {
-			view.ApplySummary(rep)
+			human.ApplySummary(rep)
 		}
 		if rep.Failed() {
 			return ExitError
 		}
 		return ExitOK
 	case "destroy":
-		return destroy(ctx, eng, p, red, view, o.json, stdout)
+		return destroy(ctx, eng, red, human, o.json, stdout)
 	case "status":
 		// --smoke probes now, here: the daemon's status is its last cheap observation.
 		if !o.smoke {
@@ -335,9 +339,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		}
 		rep := eng.Status(ctx)
 		if o.json {
-			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {
-			view.Status(rep)
+			human.Status(rep)
 		}
 		if rep.Failed() {
 			return ExitError
@@ -370,7 +374,7 @@ func loadPlan(path string, o options, kinds []agent.Kind) (*plans.Plan, hcl.Diag
 
 func invalid(cmd string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer) int {
 	if asJSON {
-		agent.WriteJSON(stdout, agent.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
+		view.WriteJSON(stdout, view.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
 		return ExitError
 	}
 	var files map[string]*hcl.File
@@ -393,13 +397,13 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 // that waits for a server to exit prints where it stands every few seconds
 // (internal/proc measures, the view prints), instead of a minute of silence before
 // "deleted and verified". --json prints one document, so nothing there.
-func stopProgress(cmd string, asJSON bool, view *agent.View) func(context.Context, string) context.Context {
+func stopProgress(cmd string, asJSON bool, human *view.View) func(context.Context, string) context.Context {
 	if asJSON || (cmd != "apply" && cmd != "destroy") {
 		return nil
 	}
 	return func(ctx context.Context, addr string) context.Context {
 		return proc.WithStopProgress(ctx, proc.DefaultStopProgressEvery, func(p proc.StopProgress) {
-			view.Progress(addr, "stopping "+p.String())
+			human.Progress(addr, "stopping "+p.String())
 		})
 	}
 }

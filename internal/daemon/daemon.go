@@ -41,6 +41,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -107,7 +108,7 @@ type Config struct {
 type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
-	redact  *agent.RedactingHandler // d.log's, given each loaded plan's secrets
+	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  notifier
 	metrics *metrics
 	queue   *workQueue
@@ -190,7 +191,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// Everything the daemon and the resources log goes through the plan's redactor,
 	// renewed on each reload: an error may quote a secret, and the log is the journal.
-	d.redact = agent.NewRedactingHandler(d.log.Handler(), nil)
+	d.redact = view.NewRedactingHandler(d.log.Handler(), nil)
 	d.log = slog.New(d.redact)
 	if d.debugOn() {
 		d.queue.trace = d.traceQueue
@@ -414,7 +415,7 @@ func (d *Daemon) reload() error {
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++
 	d.reloaded = time.Now()
-	d.redact.SetRedactor(agent.NewRedactor(p.Secrets()))
+	d.redact.SetRedactor(view.NewRedactor(p.Secrets()))
 	for addr, rs := range d.res {
 		rs.stopWatch()
 		if !eng.Has(addr) {

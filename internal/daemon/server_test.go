@@ -26,6 +26,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/docs/schema"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -124,7 +125,7 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 
 // statusOf is one resource of the loop's /status, whose every answer must be valid
 // against the --json schema (whatever state the loop is in: downloading, repairing).
-func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
+func statusOf(t *testing.T, base, addr string) *view.JSONResource {
 	t.Helper()
 	resp, err := http.Get(base + "/status")
 	if err != nil {
@@ -138,7 +139,7 @@ func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
 	if err := schema.Validate(body); err != nil {
 		t.Errorf("/status breaks %s: %v\n%s", schema.OutputV3Name, err, body)
 	}
-	var doc agent.JSONOutput
+	var doc view.JSONOutput
 	if err := json.Unmarshal(body, &doc); err != nil {
 		t.Fatalf("/status: %v", err)
 	}
@@ -151,7 +152,7 @@ func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
 	return nil
 }
 
-func field(r *agent.JSONResource, name string) string {
+func field(r *view.JSONResource, name string) string {
 	if r.Status == nil {
 		return ""
 	}
@@ -285,7 +286,7 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=oom"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
-	var r *agent.JSONResource
+	var r *view.JSONResource
 	waitLong(t, "four failed generations", 90*time.Second, func() bool {
 		r = statusOf(t, base, "server.qwen")
 		return field(r, "failure 4") != ""
@@ -352,7 +353,7 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
-	var r *agent.JSONResource
+	var r *view.JSONResource
 	waitLong(t, "three deaths after a verified launch", 90*time.Second, func() bool {
 		r = statusOf(t, base, "server.qwen")
 		return field(r, "failure 3") != ""

@@ -128,3 +128,41 @@ func downURL(t *testing.T) string {
 	s.Close()
 	return u
 }
+
+// TestMirrorDownMidFile: a mirror that stops sending halfway through a file (and then sends
+// nothing) is given up, and the origin is asked only for what the mirror did not deliver:
+// the bytes the mirror wrote are kept and judged by the sha256 with the rest.
+func TestMirrorDownMidFile(t *testing.T) {
+	t.Parallel()
+	const size = 4 << 20
+	for _, ranged := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ranged %v", ranged), func(t *testing.T) {
+			t.Parallel()
+			origin, mirror := serve(t), serve(t)
+			data := content(size, 110)
+			f := add(origin, "model.bin", data)
+			mirror.Set("/model.bin", data)
+			mirror.SetFault("/model.bin", fetchtest.Fault{StallAt: []int64{size / 2}})
+			f.Mirrors = []string{mirror.URL("/model.bin")}
+			dest := t.TempDir()
+			opts := testOptions(dest)
+			if ranged {
+				opts = rangedOptions(dest)
+			}
+			opts.StallTimeout = 300 * time.Millisecond
+			res, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
+			fr, st := res.Files[0], origin.Stats("/model.bin")
+			t.Logf("from %s, mirror errors %v, origin stats %+v, mirror stats %+v", fr.From, fr.MirrorErrors, st, mirror.Stats("/model.bin"))
+			if err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			wantFile(t, dest, "model.bin", data)
+			if fr.From != f.URL || len(fr.MirrorErrors) != 1 || !errors.Is(fr.MirrorErrors[0], fetch.ErrStalled) {
+				t.Errorf("from %q, mirror errors %v: want the origin after the mirror stalled", fr.From, fr.MirrorErrors)
+			}
+			if st.BytesSent > size/2 || fr.OriginBytes != st.BytesSent {
+				t.Errorf("the origin sent %d bytes (OriginBytes %d), want at most the %d the mirror did not", st.BytesSent, fr.OriginBytes, size/2)
+			}
+		})
+	}
+}
