@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-
-	"github.com/agent-dev/agent/internal/atomicfile"
 )
 
 // destroyedFile records, per address, when `agent destroy` last removed it (verified).
@@ -35,13 +33,5 @@ func (s *Store) LoadDestroyed() (map[string]time.Time, error) {
 
 // SaveDestroyed writes them atomically (an empty map removes the file).
 func (s *Store) SaveDestroyed(m map[string]time.Time) error {
-	p := filepath.Join(s.dir, destroyedFile)
-	if len(m) == 0 {
-		return atomicfile.Remove(p)
-	}
-	data, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.WriteFile(p, append(data, '\n'), 0o600)
+	return saveMap(filepath.Join(s.dir, destroyedFile), m, len(m))
 }
