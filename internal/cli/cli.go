@@ -62,6 +62,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --no-destructive     refuse restarts, replacements and deletions (apply)
   --allow-delete-all   let an apply delete every server the agent manages when the plan keeps none
   --smoke              run each server's smoke test now (status; a real completion on the server)
+  --fleet              every host of the fleet and its rollouts, from etcd (status; agent { coordination })
   --log-level LEVEL    debug, info, warn (default; info for run), error; logs go to stderr
 
 Docs: docs/plan-language.md, docs/architecture.md.
@@ -115,6 +116,7 @@ type options struct {
 	logLevel      string
 	allowDelAll   bool
 	smoke         bool
+	fleet         bool
 }
 
 // parseInterleaved parses flags that may come before or after positional arguments, as
@@ -154,6 +156,7 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
 	if cmd == "status" {
 		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
+		fs.BoolVar(&o.fleet, "fleet", false, "every host of the fleet, from etcd (agent { coordination })")
 	}
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	return fs
@@ -214,6 +217,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return ExitError
 	}
 
+	if cmd == "status" && o.fleet {
+		return fleetStatus(ctx, p, o.json, stdout, stderr, red)
+	}
 	dir := o.stateDir
 	if dir == "" {
 		dir = p.Agent.StateDir
@@ -221,6 +227,15 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	store, err := state.Open(dir)
 	if err != nil {
 		return fail(err)
+	}
+	var rollouts *agent.Rollouts
+	if cmd == "apply" {
+		r, leave, err := fleetRollouts(p, store, log)
+		if err != nil {
+			return fail(err)
+		}
+		defer leave()
+		rollouts = r
 	}
 	var terminal io.Writer
 	if f, ok := stdout.(*os.File); ok && !o.json && term.IsTerminal(int(f.Fd())) {
@@ -239,6 +254,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		AllowDeleteAll: o.allowDelAll,
 		Probe:          o.smoke,
 		StepContext:    stopProgress(cmd, o.json, view),
+		Rollouts:       rollouts,
 	})
 	if err != nil {
 		return fail(err)

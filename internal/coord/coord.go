@@ -56,6 +56,8 @@ type Config struct {
 	Host string
 	// Log receives the lease's losses and recoveries (nil: discarded).
 	Log *slog.Logger
+	// ReadOnly opens without a lease or a watch: for a view of the fleet.
+	ReadOnly bool
 }
 
 // MinLease is the shortest lease: etcd refuses shorter ones (1.5 election timeouts).
@@ -138,6 +140,10 @@ func Open(cfg Config) (*Client, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, cli: cli, ttl: int64((cfg.Lease + time.Second - 1) / time.Second), log: log,
 		revs: map[string]int64{}, changed: make(chan struct{}), stop: stop, done: make(chan struct{})}
+	if cfg.ReadOnly {
+		close(c.done)
+		return c, nil
+	}
 	go c.run(ctx)
 	return c, nil
 }
@@ -680,9 +686,10 @@ func (c *Client) Hosts(ctx context.Context) ([]HostEntry, error) {
 	return list, nil
 }
 
-// abandon stops the renewal and closes the connection without revoking the lease: what
-// etcd sees of an agent that was SIGKILLed (tests).
-func (c *Client) abandon() {
+// Abandon stops the renewal and closes the connection without revoking the lease: the
+// permits of members still down keep counting until the lease expires, as if the agent
+// had died.
+func (c *Client) Abandon() {
 	c.stop()
 	<-c.done
 	_ = c.cli.Close()

@@ -239,6 +239,12 @@ func Run(ctx context.Context, cfg Config) error {
 		d.notify.Stopping()
 		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
 	}
+	leave, err := d.joinFleet(ctx)
+	if err != nil {
+		d.notify.Stopping()
+		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
+	}
+	defer leave()
 	changed, closeWatch := d.watch(ctx)
 	defer closeWatch()
 	go d.watchdog(ctx)
