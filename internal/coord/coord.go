@@ -84,6 +84,8 @@ type Client struct {
 	generation int       // counts leases granted: a new one means the old keys are gone
 	revs       map[string]int64
 	changed    chan struct{}
+	// announced is the lease state last logged and signalled.
+	announced bool
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -243,7 +245,6 @@ func (c *Client) run(ctx context.Context) {
 func (c *Client) renew(ctx context.Context) bool {
 	c.mu.Lock()
 	id := c.lease
-	wasLive := id != 0 && time.Now().Before(c.validUntil)
 	c.mu.Unlock()
 	sent := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, c.TTL()/3)
@@ -284,6 +285,8 @@ func (c *Client) renew(ctx context.Context) bool {
 		c.leaseErr = err
 	}
 	live := c.lease != 0 && time.Now().Before(c.validUntil)
+	wasLive := c.announced
+	c.announced = live
 	c.mu.Unlock()
 	if live != wasLive || granted {
 		if live {
