@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -43,8 +43,10 @@ type Options struct {
 	HostOverride string
 	// NoDestructive refuses restarts, replacements and deletions.
 	NoDestructive bool
-	// Terminal is passed to resources as Env.Terminal (nil: no progress drawing).
-	Terminal io.Writer
+	// Progress receives what long steps report of their work (Env.Progress: a
+	// download's bytes, rate and ETA), from the goroutine of the step; nil: nobody
+	// listens. The views draw it (internal/view); the engine only passes it on.
+	Progress func(Progress)
 	// Orphans says what happens to resources recorded in state whose blocks are gone from
 	// the plan. The zero value (OrphansByPlan, agent run) deletes them only when the plan
 	// says agent { prune = true } and otherwise reports them; plan and apply use
@@ -118,6 +120,12 @@ func Bind(p *plans.Plan, kinds []Kind) (map[string]Resource, hcl.Diagnostics) {
 			continue // its decoding failed and was reported
 		}
 		res, d := k.Bind(r)
+		if r.Partial() {
+			// Values an error left unknown decoded as zero: only the kind's checks of one
+			// value written out in full mean anything (plans.OwnValue).
+			d = slices.DeleteFunc(d, func(d *hcl.Diagnostic) bool { return d.Extra != plans.OwnValue || !plans.Outside(d, r.Unknown) })
+			res = nil
+		}
 		diags = append(diags, d...)
 		if res != nil && !d.HasErrors() {
 			out[r.Addr] = res
@@ -209,7 +217,7 @@ func (e *Engine) Order() []string {
 }
 
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Terminal: e.opts.Terminal, Probe: e.opts.Probe}
+	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, OnProgress: e.opts.Progress}
 }
 
 // Budget bounds how long one Apply of the whole plan can take: every step's observe, act
@@ -400,9 +408,9 @@ func (e *Engine) each(ctx context.Context, fn func(ctx context.Context, addr str
 // Event reports progress of an apply as it happens, for live output.
 type Event struct {
 	Step *Step
-	// Phase is "start" (Diff known, about to act), "done" (Err/Applied final), or
-	// "finished" (the break work of a Finisher done and verified: Step.Finished).
-	Phase string
+	// Phase is PhaseStart (Diff known, about to act), PhaseDone (Err/Applied final), or
+	// PhaseFinished (the break work of a Finisher done and verified: Step.Finished).
+	Phase Phase
 }
 
 // ErrNotConverged is wrapped by the error of a resource that Apply reported done but a
@@ -425,7 +433,7 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 		}
 		evMu.Lock()
 		defer evMu.Unlock()
-		onEvent(Event{Step: st, Phase: phase})
+		onEvent(Event{Step: st, Phase: Phase(phase)})
 	}
 	if err := e.move(); err != nil {
 		for _, st := range rep.Steps {
@@ -549,8 +557,9 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 	}
 	started()
 	// The changes with their effects and reasons: a restart in the journal says why (a
-	// rotated token is `env["HF_TOKEN"]`, its value never printed).
-	e.log.Info("applying", "resource", addr, "action", string(d.Action), "changes", LogChanges(d.Changes))
+	// rotated token is `env["HF_TOKEN"]`, its value never printed). They are logged as
+	// data; the log's view (view.RedactingHandler) writes them as one line or as JSON.
+	e.log.Info("applying", "resource", addr, "action", string(d.Action), "changes", d.Changes)
 	err = e.guard(ctx, addr, string(d.Action), func(ctx context.Context) error {
 		return e.resources[addr].Apply(ctx, e.env(addr), d)
 	})

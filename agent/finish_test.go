@@ -139,7 +139,7 @@ func TestFinishAfterDependentsVerified(t *testing.T) {
 	// The dependent verifies: finished after it, in the same apply.
 	var events []string
 	rep = finEngine(t, h, store, &log, finSrc("m3", "false"), Options{}).Apply(ctx, func(ev Event) {
-		events = append(events, ev.Phase+" "+ev.Step.Addr)
+		events = append(events, string(ev.Phase)+" "+ev.Step.Addr)
 	})
 	mustApply(t, rep)
 	if _, ok := h.values["fin.ctr#old"]; ok {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
@@ -47,14 +46,13 @@ type Env struct {
 	Plan  *plans.Plan
 	// Now is the clock; tests may replace it.
 	Now func() time.Time
-	// Terminal, when not nil, is an interactive terminal where long steps may draw
-	// progress (download bars). It is nil under --json and when output is not a terminal:
-	// progress is then quiet, and reaches machines through Status instead.
-	Terminal io.Writer
 	// Probe asks Status for the probes that load a production server (a server's smoke
 	// test: a real completion of up to max_tokens). Off by default, so that status and
 	// every pass of the reconcile loop stay cheap; `agent status --smoke` sets it.
 	Probe bool
+	// OnProgress receives what the resource reports through Progress, with Addr set
+	// (the engine passes Options.Progress; nil: nobody listens).
+	OnProgress func(Progress)
 }
 
 // Kind is a resource type: its name in plans, its configuration schema, and how to bind a

@@ -14,7 +14,17 @@
 #    included) vs curl and vs curl followed by `sync` of its file (the agent makes its file
 #    durable before the rename; curl does not).
 # 3. SIGKILL of the agent at 45 % of the MID_MIB file, then a resume: the bytes fetched again.
-# Needs curl, aria2c (Debian package aria2; the bench only, no test needs it), GNU time, bc.
+# 4. Issue 28, on the same capped CDN and against the same aria2c: (a) the plan minus its
+#    `size =` lines (sizes learned from HEAD, and from the first range where HEAD is refused);
+#    (b) a straggler: the first connection paced at STRAG_KIB KiB/s (a sixteenth of the cap
+#    by default), agent and aria2c each on a fresh count of connections; (c) a second host
+#    with a mirror: the agent's capped-CDN result served by an uncapped downloadserve as
+#    `mirrors`, the origin's bytes counted (goal <= 5 %); aria2c given both URLs per file.
+#    ROUNDS rounds (default 3) of every command of (a)-(c) in turn, aria2c on the same
+#    CDN included: the medians are compared, so a load that drifts during the run (a shared
+#    machine) weighs on both sides.
+# Needs curl, aria2c (Debian package aria2; the bench only, no test needs it), GNU time, bc;
+# as root with apt-get, the script installs whichever is missing.
 set -euo pipefail
 
 CAP_N=${CAP_N:-4}
@@ -24,6 +34,8 @@ DELAY=${DELAY:-20ms}
 CONNECTIONS=${CONNECTIONS:-8}
 MAX_CONNECTIONS=${MAX_CONNECTIONS:-32}
 MID_MIB=${MID_MIB:-512}
+STRAG_KIB=${STRAG_KIB:-$((RATE_MIB * 1024 / 16))}
+ROUNDS=${ROUNDS:-3}
 BIG_MIB=${BIG_MIB:-4096}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/agent-bench.XXXXXX)}
@@ -31,10 +43,16 @@ mkdir -p "$WORK"/src
 PIDS=()
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	[ -z "${KEEP:-}" ] && rm -rf "$WORK"
+	if [ -z "${KEEP:-}" ]; then rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
+need() { for tool in curl aria2c /usr/bin/time bc; do command -v "$tool" >/dev/null || return 1; done; }
+if ! need && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+	echo "== installing curl aria2 time bc (apt-get)"
+	apt-get install -y -qq curl aria2 time bc >/dev/null 2>&1 ||
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq curl aria2 time bc >/dev/null; }
+fi
 for tool in curl aria2c /usr/bin/time bc; do
 	command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y curl aria2 time bc)" >&2; exit 1; }
 done
@@ -58,9 +76,12 @@ serve() {
 	printf -v "${name}_BASE" 'http://127.0.0.1:%s' "$(cat "$WORK/$name.port")"
 }
 serve cdn -rate $((RATE_MIB << 20)) -delay "$DELAY"
+serve nohead -rate $((RATE_MIB << 20)) -delay "$DELAY" -refuse-head
+serve strag -rate $((RATE_MIB << 20)) -delay "$DELAY" -congested 1 -congested-rate $((STRAG_KIB << 10))
 serve plain
 
-# plan NAME BASE FILES... writes a plan downloading FILES from BASE into $WORK/out/NAME.
+# plan NAME BASE FILES... writes a plan downloading FILES from BASE into $WORK/out/NAME;
+# NOSIZE=1 leaves out the sizes, MIRROR=URL adds `mirrors = [URL]`.
 plan() {
 	local name=$1 base=$2; shift 2
 	{
@@ -69,11 +90,16 @@ plan() {
 		echo "  concurrency     = $CAP_N"
 		echo "  connections     = $CONNECTIONS"
 		echo "  max_connections = $MAX_CONNECTIONS"
+		[ -n "${MIRROR:-}" ] && echo "  mirrors         = [\"$MIRROR\"]"
 		for f in "$@"; do
 			local sum size
 			sum=$(awk -v f="./$f" '$2 == f {print $1}' "$WORK/sums")
 			size=$(stat -c %s "$WORK/src/$f")
-			printf '  file "%s" {\n    url    = "%s/%s"\n    sha256 = "%s"\n    size   = %s\n  }\n' "$f" "$base" "$f" "$sum" "$size"
+			if [ -n "${NOSIZE:-}" ]; then
+				printf '  file "%s" {\n    url    = "%s/%s"\n    sha256 = "%s"\n  }\n' "$f" "$base" "$f" "$sum"
+			else
+				printf '  file "%s" {\n    url    = "%s/%s"\n    sha256 = "%s"\n    size   = %s\n  }\n' "$f" "$base" "$f" "$sum" "$size"
+			fi
 		done
 		echo "}"
 	} >"$WORK/$name.hcl"
@@ -108,8 +134,56 @@ printf '%s\n' "${urls[@]}" >"$WORK/urls"
 curl_args=(); for f in $SHARDS; do curl_args+=(-o "$WORK/out/$f" "$cdn_BASE/$f"); done
 t_cap_agent=$(timed cap-agent /usr/bin/time -v -o "$WORK/time-cap" "$WORK/agent" apply "$WORK/cap.hcl" --state-dir "$WORK/state")
 conns_agent=$(maxconns)
+rm -rf "$WORK/mirror" && cp -a "$WORK/out/cap" "$WORK/mirror" # the first host's verified download
 t_cap_aria=$(timed cap-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/urls")
 t_cap_curl=$(timed cap-curl curl -sf --parallel --parallel-max "$CAP_N" "${curl_args[@]}")
+
+echo "== issue 28: sizes learned, a straggler, a mirror (same CDN; straggler at ${STRAG_KIB} KiB/s)"
+# shellcheck disable=SC2086
+NOSIZE=1 plan capnosize "$cdn_BASE" $SHARDS
+# shellcheck disable=SC2086
+NOSIZE=1 plan capnohead "$nohead_BASE" $SHARDS
+# shellcheck disable=SC2086
+plan strag "$strag_BASE" $SHARDS
+serve mirror -dir "$WORK/mirror"
+# shellcheck disable=SC2086
+MIRROR="$mirror_BASE" plan capmirror "$cdn_BASE" $SHARDS
+surls=(); for f in $SHARDS; do surls+=("$strag_BASE/$f"); done
+printf '%s\n' "${surls[@]}" >"$WORK/strag-urls"
+: >"$WORK/mirror-urls"
+for f in $SHARDS; do printf '%s/%s\t%s/%s\n' "$mirror_BASE" "$f" "$cdn_BASE" "$f" >>"$WORK/mirror-urls"; done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+r_aria=(); r_sized=(); r_nosize=(); r_nohead=(); r_strag=(); r_strag_aria=(); r_mirror=(); r_mirror_aria=()
+o_agent=0; o_aria=0
+for round in $(seq "$ROUNDS"); do
+	echo "   round $round of $ROUNDS"
+	r_aria+=("$(timed cap-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/urls")")
+	r_sized+=("$(timed cap-agent "$WORK/agent" apply "$WORK/cap.hcl" --state-dir "$WORK/state")")
+	r_nosize+=("$(timed nosize-agent "$WORK/agent" apply "$WORK/capnosize.hcl" --state-dir "$WORK/state")")
+	r_nohead+=("$(timed nohead-agent "$WORK/agent" apply "$WORK/capnohead.hcl" --state-dir "$WORK/state")")
+	curl -s "$strag_BASE/_reset" >/dev/null
+	r_strag+=("$(timed strag-agent "$WORK/agent" apply "$WORK/strag.hcl" --state-dir "$WORK/state")")
+	curl -s "$strag_BASE/_reset" >/dev/null
+	r_strag_aria+=("$(timed strag-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/strag-urls")")
+	o0=$(curl -s "$cdn_BASE/_stats")
+	r_mirror+=("$(timed mirror-agent "$WORK/agent" apply "$WORK/capmirror.hcl" --state-dir "$WORK/state")")
+	o1=$(curl -s "$cdn_BASE/_stats")
+	r_mirror_aria+=("$(timed mirror-aria2 aria2c -q -x16 -s16 -j "$CAP_N" --file-allocation=none -d "$WORK/out" -i "$WORK/mirror-urls")")
+	o2=$(curl -s "$cdn_BASE/_stats")
+	o_agent=$((o_agent + o1 - o0))
+	o_aria=$((o_aria + o2 - o1))
+done
+t28_aria=$(median "${r_aria[@]}")
+t_sized_agent=$(median "${r_sized[@]}")
+t_nosize_agent=$(median "${r_nosize[@]}")
+t_nohead_agent=$(median "${r_nohead[@]}")
+t_strag_agent=$(median "${r_strag[@]}")
+t_strag_aria=$(median "${r_strag_aria[@]}")
+t_mirror_agent=$(median "${r_mirror[@]}")
+t_mirror_aria=$(median "${r_mirror_aria[@]}")
+pct() { echo "scale=2; 100 * $1 / ($ROUNDS * $CAP_TOTAL * 1048576)" | bc -l; }
+origin_agent=$(pct "$o_agent")
+origin_aria=$(pct "$o_aria")
 
 echo "== uncapped: ${MID_MIB} MiB and ${BIG_MIB} MiB"
 t_mid_curl=$(timed mid-curl curl -sf -o "$WORK/out/mid.bin" "$plain_BASE/mid.bin")
@@ -149,7 +223,20 @@ printf '%-44s %8s s  %8s MiB/s\n' \
 	"${BIG_MIB} MiB: curl" "$t_big_curl" "$(mibs "$BIG_MIB" "$t_big_curl")" \
 	"${BIG_MIB} MiB: curl then sync" "$t_big_curlsync" "$(mibs "$BIG_MIB" "$t_big_curlsync")" \
 	"${BIG_MIB} MiB: agent (sha256, fsync)" "$t_big_agent" "$(mibs "$BIG_MIB" "$t_big_agent")"
+echo "issue 28, medians of $ROUNDS rounds:"
+printf '%-44s %8s s  %8s MiB/s\n' \
+	"capped: aria2c -x16 -s16 -j $CAP_N" "$t28_aria" "$(mibs $CAP_TOTAL "$t28_aria")" \
+	"capped: agent, sizes in the plan" "$t_sized_agent" "$(mibs $CAP_TOTAL "$t_sized_agent")" \
+	"no sizes: agent (HEAD)" "$t_nosize_agent" "$(mibs $CAP_TOTAL "$t_nosize_agent")" \
+	"no sizes: agent (HEAD refused: first range)" "$t_nohead_agent" "$(mibs $CAP_TOTAL "$t_nohead_agent")" \
+	"straggler: agent" "$t_strag_agent" "$(mibs $CAP_TOTAL "$t_strag_agent")" \
+	"straggler: aria2c -x16 -s16 -j $CAP_N" "$t_strag_aria" "$(mibs $CAP_TOTAL "$t_strag_aria")" \
+	"mirror: agent" "$t_mirror_agent" "$(mibs $CAP_TOTAL "$t_mirror_agent")" \
+	"mirror: aria2c (mirror and origin URLs)" "$t_mirror_aria" "$(mibs $CAP_TOTAL "$t_mirror_aria")"
 echo "ratio capped agent/aria2c:          $(ratio "$t_cap_aria" "$t_cap_agent")   (target ≥ 1.0)"
+echo "ratio no sizes agent/aria2c:        $(ratio "$t28_aria" "$t_nosize_agent") (HEAD), $(ratio "$t28_aria" "$t_nohead_agent") (first range)   (target ≥ 0.9); sized $(ratio "$t28_aria" "$t_sized_agent")"
+echo "ratio straggler agent/aria2c:       $(ratio "$t_strag_aria" "$t_strag_agent")   (target ≥ 0.8); agent straggler/capped $(ratio "$t_sized_agent" "$t_strag_agent"), against aria2c on the uncongested CDN $(ratio "$t28_aria" "$t_strag_agent")"
+echo "origin bytes with a mirror:         agent ${origin_agent} %   (target ≤ 5 %), aria2c given both URLs ${origin_aria} %; time agent/aria2c $(ratio "$t_mirror_aria" "$t_mirror_agent")"
 echo "ratio capped agent/curl:            $(ratio "$t_cap_curl" "$t_cap_agent")"
 echo "ratio ${MID_MIB} MiB agent/curl-then-sync: $(ratio "$t_mid_curlsync" "$t_mid_agent")   (target ≥ 0.95); agent/curl $(ratio "$t_mid_curl" "$t_mid_agent")"
 echo "ratio ${BIG_MIB} MiB agent/curl-then-sync: $(ratio "$t_big_curlsync" "$t_big_agent")   (target ≥ 0.95); agent/curl $(ratio "$t_big_curl" "$t_big_agent")"

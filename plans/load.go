@@ -2,6 +2,7 @@ package plans
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -151,6 +152,10 @@ type resourceBlock struct {
 	dependsOn []hcl.Traversal
 	rollouts  []*hcl.Block
 	failed    bool
+	// unknown are the references whose value an error reported elsewhere left unknown
+	// (a variable without a value, an undeclared local, a resource that failed): the
+	// block is then decoded partially, for the errors that do not depend on them.
+	unknown []hcl.Range
 }
 
 // LoadSources is Load over sources already in memory; dir resolves relative paths. The
@@ -226,6 +231,10 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 	sortDiagnostics(l.diags)
 	return l.plan, l.diags
 }
+
+// SortDiagnostics orders diagnostics as Load does (by position), for callers that add
+// their own (agent.Bind's).
+func SortDiagnostics(diags hcl.Diagnostics) { sortDiagnostics(diags) }
 
 // sortDiagnostics orders diagnostics by position (those without one first), so output
 // reads top to bottom whatever order the phases found them in.
@@ -464,7 +473,7 @@ func (l *loader) checkVarRef(t hcl.Traversal) bool {
 	}
 	if _, ok := l.plan.Variables[name]; !ok {
 		l.errorAt(t.SourceRange(), "Reference to undeclared input variable",
-			fmt.Sprintf("No variable named %q is declared. Declare it with a variable %q {} block.", name, name))
+			fmt.Sprintf("No variable named %q is declared.%s Declare it with a variable %q {} block.", name, suggest(name, slices.Sorted(maps.Keys(l.plan.Variables))), name))
 		return false
 	}
 	return true
@@ -599,26 +608,26 @@ func (l *loader) decodeResources() {
 			switch {
 			case root == "var":
 				if !l.checkVarRef(t) || l.badVars[varName(t)] {
-					rb.failed = true
+					rb.unknown = append(rb.unknown, t.SourceRange())
 				}
 			case root == "local":
 				name, ok := attrStep(t, 1)
 				if _, declared := l.localExprs[name]; !ok || !declared {
-					l.errorAt(t.SourceRange(), "Reference to undeclared local value", fmt.Sprintf("No local value named %q is declared in a locals block.", name))
-					rb.failed = true
+					l.errorAt(t.SourceRange(), "Reference to undeclared local value", fmt.Sprintf("No local value named %q is declared in a locals block.%s", name, suggest(name, slices.Sorted(maps.Keys(l.localExprs)))))
+					rb.unknown = append(rb.unknown, t.SourceRange())
 				} else if l.badLocals[name] {
-					rb.failed = true
+					rb.unknown = append(rb.unknown, t.SourceRange())
 				}
 			case l.opts.Schemas[root] != nil:
 				dep, ok := l.resourceRef(t)
 				if !ok {
-					rb.failed = true
+					rb.unknown = append(rb.unknown, t.SourceRange())
 					continue
 				}
 				addDep(t, dep)
 			default:
 				l.unknownRoot(t)
-				rb.failed = true
+				rb.unknown = append(rb.unknown, t.SourceRange())
 			}
 		}
 		for _, t := range rb.dependsOn {
@@ -647,16 +656,107 @@ func (l *loader) decodeResources() {
 	}
 	for _, addr := range order {
 		rb := l.resources[addr]
-		for _, d := range rb.res.DependsOn {
-			if l.resources[d].failed {
-				rb.failed = true // its own errors would only echo the dependency's
+		if rb.failed {
+			continue
+		}
+		for _, t := range rb.refs {
+			if dep, ok := l.refAddr(t); ok && l.resources[dep].res.Value == cty.NilVal {
+				// That resource did not decode: what it would give is unknown. Its own
+				// errors are reported; this block's are looked for around them.
+				rb.unknown = append(rb.unknown, t.SourceRange())
 			}
 		}
-		if rb.failed {
+		if rb.unknown != nil {
+			l.decodePartial(rb)
 			continue
 		}
 		l.decodeResource(rb)
 	}
+}
+
+// suggestAttributes adds the closest attribute to HCL's "This object does not have an
+// attribute named" about a reference to another resource (download.model.dst: did
+// you mean "dest"?).
+func (l *loader) suggestAttributes(rb *resourceBlock, diags hcl.Diagnostics) hcl.Diagnostics {
+	for _, d := range diags {
+		if d.Summary != "Unsupported attribute" || d.Subject == nil || strings.Contains(d.Detail, "Did you mean") {
+			continue
+		}
+		for _, t := range rb.refs {
+			dep, ok := l.refAddr(t)
+			attr, hasAttr := attrStep(t, 2)
+			if !ok || !hasAttr || !t.SourceRange().Overlaps(*d.Subject) {
+				continue
+			}
+			if v := l.resources[dep].res.Value; v != cty.NilVal && v.Type().IsObjectType() {
+				d.Detail += suggest(attr, slices.Sorted(maps.Keys(v.Type().AttributeTypes())))
+			}
+		}
+	}
+	return diags
+}
+
+// refAddr returns the address of the resource a reference names, if it names one.
+func (l *loader) refAddr(t hcl.Traversal) (string, bool) {
+	if l.opts.Schemas[t.RootName()] == nil {
+		return "", false
+	}
+	name, ok := attrStep(t, 1)
+	if !ok {
+		return "", false
+	}
+	addr := t.RootName() + "." + name
+	_, ok = l.resources[addr]
+	return addr, ok
+}
+
+// decodePartial decodes a block some of whose values are unknown (rb.unknown): every
+// error that does not concern those values is reported now (an unknown attribute, a
+// literal of the wrong type), instead of once the missing values are given. The
+// resource gets a partial Config for the kind's own checks (Resource.Unknown) and no
+// Value: what refers to it is decoded partially in turn.
+func (l *loader) decodePartial(rb *resourceBlock) {
+	r := rb.res
+	ctx := l.evalContext(false, r.DependsOn...)
+	vars := map[string]cty.Value{}
+	for n, v := range l.plan.Variables {
+		vars[n] = v.Value
+	}
+	locals := maps.Clone(l.locals)
+	for _, t := range rb.refs {
+		name, ok := attrStep(t, 1)
+		if !ok {
+			continue
+		}
+		switch root := t.RootName(); {
+		case root == "var":
+			if _, ok := vars[name]; !ok {
+				vars[name] = cty.DynamicVal
+			}
+		case root == "local":
+			if _, ok := locals[name]; !ok {
+				locals[name] = cty.DynamicVal
+			}
+		case l.opts.Schemas[root] != nil:
+			objs := map[string]cty.Value{}
+			if o, ok := ctx.Variables[root]; ok {
+				objs = o.AsValueMap()
+			}
+			if _, ok := objs[name]; !ok {
+				objs[name] = cty.DynamicVal
+			}
+			ctx.Variables[root] = cty.ObjectVal(objs)
+		}
+	}
+	ctx.Variables["var"] = cty.ObjectVal(vars)
+	ctx.Variables["local"] = cty.ObjectVal(locals)
+	cfg := l.opts.Schemas[r.Type]()
+	for _, d := range l.suggestAttributes(rb, gohcl.DecodeBody(rb.body, ctx, cfg)) {
+		if Outside(d, rb.unknown) {
+			l.diags = append(l.diags, d)
+		}
+	}
+	r.Config, r.Unknown = cfg, rb.unknown
 }
 
 // resourceRef checks a type.name... traversal and returns the address it names.
@@ -668,8 +768,15 @@ func (l *loader) resourceRef(t hcl.Traversal) (string, bool) {
 	}
 	addr := t.RootName() + "." + name
 	if _, ok := l.resources[addr]; !ok {
+		var names []string
+		for _, rb := range l.resources {
+			if rb.res.Type == t.RootName() {
+				names = append(names, rb.res.Name)
+			}
+		}
+		sort.Strings(names)
 		l.errorAt(t.SourceRange(), "Reference to undeclared resource",
-			fmt.Sprintf("No %s named %q is declared in this plan.", t.RootName(), name))
+			fmt.Sprintf("No %s named %q is declared in this plan.%s", t.RootName(), name, suggest(name, names)))
 		return "", false
 	}
 	return addr, true
@@ -679,10 +786,26 @@ func (l *loader) decodeResource(rb *resourceBlock) {
 	r := rb.res
 	cfg := l.opts.Schemas[r.Type]()
 	ctx := l.evalContext(false, r.DependsOn...)
-	diags := gohcl.DecodeBody(rb.body, ctx, cfg)
+	diags := l.suggestAttributes(rb, gohcl.DecodeBody(rb.body, ctx, cfg))
 	l.diags = append(l.diags, diags...)
 	if diags.HasErrors() {
-		rb.failed = true
+		// Partial: what did decode still gets the kind's own checks (validate reports
+		// a bad duration with the misspelt attribute beside it).
+		r.Config = cfg
+		for _, d := range diags {
+			if d.Subject != nil {
+				r.Unknown = append(r.Unknown, *d.Subject)
+			}
+			if d.Context != nil {
+				r.Unknown = append(r.Unknown, *d.Context)
+			}
+			if d.Expression != nil {
+				r.Unknown = append(r.Unknown, d.Expression.Range())
+			}
+		}
+		if r.Unknown == nil {
+			r.Unknown = []hcl.Range{}
+		}
 		return
 	}
 	l.decodeRollout(rb)

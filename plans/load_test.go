@@ -329,7 +329,11 @@ func TestErrors(t *testing.T) {
 		{"resource in locals", "locals {\n  a = file.x.path\n}\nfile \"x\" {\n  path = \"/x\"\n}\n", Options{},
 			[]string{"Resource reference in locals @ 2:7"}},
 		{"all errors at once", "file \"x\" {\n  colour = 1\n}\nserver \"s\" {\n  command = \"python3\"\n  flags = var.nope\n}\n", Options{},
-			[]string{"Missing required argument @ 1:10", "Unsupported argument @ 2:3", "Reference to undeclared input variable @ 6:11"}},
+			[]string{"Missing required argument @ 1:10", "Unsupported argument @ 2:3", "Unsuitable value type @ 5:14", "Reference to undeclared input variable @ 6:11"}},
+		// Issue 29 point 3: a variable without a value, or a dependency that failed,
+		// hides none of the errors that do not depend on their values.
+		{"errors beside missing values", "variable \"port\" { type = number }\nserver \"s\" {\n  command = [\"x\"]\n  env = { PORT = var.port }\n  logdir = \"/l\"\n  container = [\"c\"]\n}\nfile \"f\" {\n  path = \"/f\"\n  content = server.s.env.PORT\n  mode = [1]\n}\n", Options{},
+			[]string{"No value for required variable @ 1:1", "Unsupported argument @ 5:3", "Unsuitable value type @ 6:15", "Unsuitable value type @ 11:10"}},
 		{"var file with unknown variable", "variable \"a\" {\n  default = 1\n}\n", Options{VarFiles: []string{"testdata/unknown.vars.hcl"}},
 			[]string{"Value for undeclared variable @ 1:1"}},
 	}

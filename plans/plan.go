@@ -100,6 +100,40 @@ type Resource struct {
 	// Value is the resource as other blocks see it through references: its top-level
 	// attributes, plus name = the label unless the body sets one.
 	Value cty.Value
+	// Unknown is set when the plan has errors that left some of this resource's values
+	// unknown (a variable without a value, a misspelt reference, an attribute that did
+	// not decode): their source ranges. Config is then partial, decoded only so that
+	// `agent validate` reports in the same run the errors that do not depend on those
+	// values (agent.Bind keeps the kind's OwnValue checks outside these ranges). Such a
+	// plan never reaches an engine.
+	Unknown []hcl.Range
+}
+
+// Partial reports whether r's Config was decoded with some values unknown (Unknown).
+func (r *Resource) Partial() bool { return r.Unknown != nil }
+
+// OwnValue marks a kind's diagnostic (hcl.Diagnostic.Extra) as a check of one
+// attribute's own value (a duration that does not parse, a port out of range): it holds
+// whatever the rest of the plan says, so it is reported for a Partial resource too.
+var OwnValue = ownValue{}
+
+type ownValue struct{}
+
+// Outside reports whether d points at none of the ranges: it is not about a value
+// that some other error left unknown.
+func Outside(d *hcl.Diagnostic, ranges []hcl.Range) bool {
+	for _, u := range ranges {
+		if d.Subject != nil && d.Subject.Overlaps(u) {
+			return false
+		}
+		if d.Context != nil && d.Context.Overlaps(u) {
+			return false // gohcl's conversion errors: Subject is where the expression starts
+		}
+		if d.Expression != nil && d.Expression.Range().Overlaps(u) {
+			return false
+		}
+	}
+	return true
 }
 
 // KeyPath is the path of one element of a map attribute, as diffs name it:

@@ -322,16 +322,23 @@ func secretStrings(v cty.Value) []string {
 
 // suggest returns " Did you mean "x"?" for the closest name, or "".
 func suggest(name string, names []string) string {
+	best := Closest(name, names)
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" Did you mean %q?", best)
+}
+
+// Closest returns the name of names closest to name (at most two edits away), or "":
+// the suggestion for a misspelt variable, reference, command or flag.
+func Closest(name string, names []string) string {
 	best, bestD := "", 3
 	for _, n := range names {
 		if d := levenshtein(name, n); d < bestD {
 			best, bestD = n, d
 		}
 	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" Did you mean %q?", best)
+	return best
 }
 
 func levenshtein(a, b string) int {

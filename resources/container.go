@@ -221,6 +221,7 @@ func bindContainer(r *plans.Resource, c *ContainerConfig) (*Container, hcl.Diagn
 		d, err := time.ParseDuration(*c.StopTimeout)
 		if err != nil || d < time.Second {
 			bad(r.Range("stop_timeout"), "Invalid stop_timeout", fmt.Sprintf("%q is not a duration of at least 1s, such as \"30s\".", *c.StopTimeout))
+			diags[len(diags)-1].Extra = plans.OwnValue
 		} else {
 			k.stopTimeout = d
 		}

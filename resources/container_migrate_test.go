@@ -275,7 +275,7 @@ func TestMigrateMakeBeforeBreak(t *testing.T) {
 	var oldAliveWhenNewVerified, oldInstanceWhenNewVerified bool
 	began := time.Now()
 	h.applyOK("m3", func(ev agent.Event) {
-		order = append(order, ev.Phase+" "+ev.Step.Addr)
+		order = append(order, string(ev.Phase)+" "+ev.Step.Addr)
 		if ev.Phase == "done" && ev.Step.Addr == "server.qwen" {
 			oldAliveWhenNewVerified = h.running(old) && h.healthy("m2")
 			oldInstanceWhenNewVerified, _ = h.exists(h.name)

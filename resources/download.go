@@ -35,6 +35,7 @@ type DownloadConfig struct {
 	CheckpointEvery *int64               `hcl:"checkpoint_every,optional"`
 	Files           []DownloadFileConfig `hcl:"file,block"`
 	HuggingFace     *DownloadHubConfig   `hcl:"huggingface,block"`
+	Mirrors         []string             `hcl:"mirrors,optional"`
 	Ensure          *string              `hcl:"ensure,optional"` // "absent": download_delete.go
 }
 
@@ -83,6 +84,7 @@ type Download struct {
 	checkpoint  int64
 	files       []fetch.File // explicit files
 	hub         *hubSource
+	mirrors     []string // base URLs of hosts holding the same files, asked first
 	getenv      func(string) string
 
 	mu   sync.Mutex
@@ -162,6 +164,7 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 		t, err := time.ParseDuration(*v)
 		if err != nil || t <= 0 {
 			bad(r.Range(attr), "Invalid duration", fmt.Sprintf("%s %q is not a positive duration such as \"60s\" or \"24h\".", attr, *v))
+			diags[len(diags)-1].Extra = plans.OwnValue
 			return
 		}
 		*into = t
@@ -173,6 +176,14 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 			bad(r.Range("checkpoint_every"), "Invalid checkpoint_every", "checkpoint_every is a byte count of at least 4096 (default 64 MiB).")
 		}
 		d.checkpoint = *c.CheckpointEvery
+	}
+	for _, m := range c.Mirrors {
+		base, err := mirrorBase(m)
+		if err != nil {
+			bad(r.Range("mirrors"), "Invalid mirror", err.Error()+".")
+			continue
+		}
+		d.mirrors = append(d.mirrors, base)
 	}
 	switch {
 	case len(c.Files) > 0 && c.HuggingFace != nil:
@@ -512,6 +523,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 			}
 		}
 	}
+	files = withMirrors(files, d.mirrors)
 	var rec downloadRecord
 	if _, err := env.State.Load(&rec); err != nil {
 		return err
@@ -519,7 +531,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	if det.listing != nil {
 		rec.Hub = det.listing
 	}
-	rep := newProgressReporter(env, d.addr, &rec)
+	rep := newProgressReporter(env, &rec)
 	opts := fetch.Options{
 		Dest: d.dest, Concurrency: d.concurrency, Connections: d.connections, MaxConnections: d.maxConns,
 		StallTimeout: d.stall, CheckpointEvery: d.checkpoint,
@@ -531,6 +543,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 	}
 	res, ferr := fetch.Fetch(ctx, files, opts)
 	rep.finish()
+	logSources(env, d.mirrors, res)
 	if ferr != nil && d.hub != nil {
 		ferr = hubFetchError(ferr, d.hub, tokenSent)
 	}
@@ -631,4 +644,73 @@ func etaString(sec float64) string {
 		return "?"
 	}
 	return (time.Duration(sec) * time.Second).Round(time.Second).String()
+}
+
+// mirrorBase checks a `mirrors` entry: an http or https URL of the directory that holds
+// the download's files under their relative paths, without query or credentials. Plain
+// http is allowed to any host (a LAN peer has no certificate): every file a mirror sends
+// is verified against the plan's sha256 or the Hub's before it is used.
+func mirrorBase(m string) (string, error) {
+	u, err := url.Parse(m)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("mirror %q: %v", m, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", fmt.Errorf("mirror %q: only http:// and https:// URLs (a static file server over a verified download, such as \"http://peer:8088/qwen\")", m)
+	case u.Host == "":
+		return "", fmt.Errorf("mirror %q has no host", m)
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		return "", fmt.Errorf("mirror %q: no credentials, query or fragment; a mirror is the URL of the directory holding the files", u.Redacted())
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// withMirrors gives each file that has a hash to judge a copy by the URLs of its copy on
+// each mirror: the base followed by the file's path relative to dest, each element escaped.
+func withMirrors(files []fetch.File, mirrors []string) []fetch.File {
+	if len(mirrors) == 0 {
+		return files
+	}
+	files = slices.Clone(files)
+	for i, f := range files {
+		if f.SHA256 == "" && f.GitBlob == "" {
+			continue
+		}
+		parts := strings.Split(f.Name, "/")
+		for j, p := range parts {
+			parts[j] = url.PathEscape(p)
+		}
+		rel := strings.Join(parts, "/")
+		files[i].Mirrors = nil
+		for _, m := range mirrors {
+			files[i].Mirrors = append(files[i].Mirrors, m+"/"+rel)
+		}
+	}
+	return files
+}
+
+// logSources says, when the download has mirrors, where each file came from: a mirror
+// passed over is a warning (with its reason), and the bytes taken from the origin are
+// counted, so a fleet that should pay the origin once can see that it does.
+func logSources(env *agent.Env, mirrors []string, res fetch.Result) {
+	if len(mirrors) == 0 || env == nil || env.Log == nil {
+		return
+	}
+	var fromMirrors, fromOrigin, originBytes int64
+	for _, fr := range res.Files {
+		for _, e := range fr.MirrorErrors {
+			env.Log.Warn("mirror passed over", "file", fr.Name, "error", e)
+		}
+		switch {
+		case fr.From == "":
+		case slices.ContainsFunc(mirrors, func(m string) bool { return strings.HasPrefix(fr.From, m+"/") }):
+			fromMirrors++
+		default:
+			fromOrigin++
+		}
+		originBytes += fr.OriginBytes
+	}
+	if fromMirrors+fromOrigin > 0 {
+		env.Log.Info("download sources", "files_from_mirrors", fromMirrors, "files_from_origin", fromOrigin, "origin_bytes", originBytes)
+	}
 }

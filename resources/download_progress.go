@@ -1,16 +1,12 @@
 package resources
 
 import (
-	"fmt"
-	"io"
 	"os"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/fetch"
 )
 
@@ -46,21 +42,20 @@ func (p *progressRecord) live(now time.Time) bool {
 	return err == nil || err == syscall.EPERM
 }
 
-// progressReporter turns fetch's snapshots into terminal bars (when there is a terminal)
-// and a progress record in state.
+// progressReporter passes fetch's snapshots on as data (Env.Progress: the views draw
+// them) and keeps a progress record in state.
 type progressReporter struct {
 	env   *agent.Env
-	addr  string
 	rec   *downloadRecord
-	term  io.Writer
 	mu    sync.Mutex
-	lines int // lines drawn last time
 	saved time.Time
 	start time.Time
+	// reported: a snapshot went out and no final one yet.
+	reported bool
 }
 
-func newProgressReporter(env *agent.Env, addr string, rec *downloadRecord) *progressReporter {
-	return &progressReporter{env: env, addr: addr, rec: rec, term: env.Terminal, start: time.Now()}
+func newProgressReporter(env *agent.Env, rec *downloadRecord) *progressReporter {
+	return &progressReporter{env: env, rec: rec, start: time.Now()}
 }
 
 func etaSeconds(d time.Duration) float64 {
@@ -74,23 +69,22 @@ func etaSeconds(d time.Duration) float64 {
 func (r *progressReporter) update(p fetch.Progress) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	out := agent.Progress{Done: p.Done, Total: p.Total, Rate: p.Rate, ETA: p.ETA, Elapsed: time.Since(r.start), Final: p.Final}
 	if p.Final {
-		r.erase()
-		if r.term != nil && p.Done > 0 {
-			el := time.Since(r.start)
-			fmt.Fprintf(r.term, "  %s: %s in place (%s, %s/s)\n", r.addr, bytesize.Format(p.Done), el.Round(time.Second), bytesize.Format(int64(float64(p.Done)/max(el.Seconds(), 0.001))))
-		}
+		r.reported = false
+		r.env.Progress(out)
 		return
 	}
 	active := make([]fetch.FileProgress, 0, 8)
 	for _, f := range p.Files {
 		if f.State == fetch.FileDownloading || f.State == fetch.FileVerifying {
 			active = append(active, f)
+			out.Files = append(out.Files, agent.FileProgress{Name: f.Name, Verifying: f.State == fetch.FileVerifying,
+				Done: f.Done, Total: f.Total, Rate: f.Rate, ETA: f.ETA})
 		}
 	}
-	if r.term != nil {
-		r.draw(p, active)
-	}
+	r.reported = true
+	r.env.Progress(out)
 	now := time.Now()
 	if now.Sub(r.saved) < progressSaveEvery {
 		return
@@ -106,76 +100,13 @@ func (r *progressReporter) update(p fetch.Progress) {
 	}
 }
 
-// finish erases the bars; the caller clears the progress record.
+// finish closes what the views drew when fetch ended without its final snapshot; the
+// caller clears the progress record.
 func (r *progressReporter) finish() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.erase()
-}
-
-const barWidth = 24
-
-// draw redraws one line per active file and a total line in place.
-func (r *progressReporter) draw(p fetch.Progress, active []fetch.FileProgress) {
-	var b strings.Builder
-	if r.lines > 0 {
-		fmt.Fprintf(&b, "\x1b[%dA", r.lines)
+	if r.reported {
+		r.reported = false
+		r.env.Progress(agent.Progress{Final: true, Total: -1, ETA: -1, Elapsed: time.Since(r.start)})
 	}
-	lines := 0
-	const maxShown = 8
-	for i, f := range active {
-		if i == maxShown {
-			fmt.Fprintf(&b, "\r\x1b[2K    … and %d more files\n", len(active)-maxShown)
-			lines++
-			break
-		}
-		name := f.Name
-		if len(name) > 40 {
-			name = "…" + name[len(name)-39:]
-		}
-		verb := ""
-		if f.State == fetch.FileVerifying {
-			verb = " verifying"
-		}
-		fmt.Fprintf(&b, "\r\x1b[2K    %-40s %s %s%s\n", name, bar(f.Done, f.Total), amounts(f.Done, f.Total, f.Rate, f.ETA), verb)
-		lines++
-	}
-	fmt.Fprintf(&b, "\r\x1b[2K  %-42s %s %s\n", r.addr, bar(p.Done, p.Total), amounts(p.Done, p.Total, p.Rate, p.ETA))
-	lines++
-	for i := lines; i < r.lines; i++ {
-		b.WriteString("\r\x1b[2K\n")
-	}
-	if r.lines > lines {
-		fmt.Fprintf(&b, "\x1b[%dA", r.lines-lines)
-	}
-	r.lines = lines
-	io.WriteString(r.term, b.String())
-}
-
-func (r *progressReporter) erase() {
-	if r.term == nil || r.lines == 0 {
-		return
-	}
-	fmt.Fprintf(r.term, "\x1b[%dA\r\x1b[J", r.lines)
-	r.lines = 0
-}
-
-func bar(done, total int64) string {
-	if total <= 0 {
-		return "[" + strings.Repeat("?", barWidth) + "]"
-	}
-	n := int(float64(barWidth) * float64(min(done, total)) / float64(total))
-	return "[" + strings.Repeat("=", n) + strings.Repeat(" ", barWidth-n) + "]"
-}
-
-func amounts(done, total int64, rate float64, eta time.Duration) string {
-	t := "?"
-	if total >= 0 {
-		t = bytesize.Format(total)
-	}
-	e := "?"
-	if eta >= 0 {
-		e = eta.Round(time.Second).String()
-	}
-	return fmt.Sprintf("%9s / %-9s %9s/s  ETA %s", bytesize.Format(done), t, bytesize.Format(int64(rate)), e)
 }

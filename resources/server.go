@@ -187,6 +187,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		d, err := time.ParseDuration(*p)
 		if err != nil || d <= 0 {
 			bad(r.Range(path...), "Invalid duration", fmt.Sprintf("%s = %q is not a positive duration such as \"90s\" or \"20m\".", strings.Join(path, "."), *p))
+			diags[len(diags)-1].Extra = plans.OwnValue
 			return def
 		}
 		return d
@@ -254,7 +255,10 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		s.ready.HTTP = deref(c.Ready.HTTP)
 		s.ready.LogLine = deref(c.Ready.LogLine)
 		s.ready.Timeout = duration(c.Ready.Timeout, DefaultReadyTimeout, "ready", "timeout")
-		s.ready.Settle = settleDuration(c.Ready.Settle, bad, r.Range("ready", "settle"))
+		s.ready.Settle = settleDuration(c.Ready.Settle, func(rng hcl.Range, summary, detail string) {
+			bad(rng, summary, detail)
+			diags[len(diags)-1].Extra = plans.OwnValue
+		}, r.Range("ready", "settle"))
 		if s.ready.HTTP != "" && !strings.HasPrefix(s.ready.HTTP, "/") {
 			bad(r.Range("ready", "http"), "Invalid ready.http", "ready.http is a path on the server's port, such as \"/health\".")
 		}

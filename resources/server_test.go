@@ -95,6 +95,7 @@ type srvState struct {
 func newSrvState(t *testing.T) srvState {
 	t.Helper()
 	h := srvState{t: t, dir: t.TempDir()}
+	testbin.NoLeaks(t, h.dir) // registered first: it judges what h.kill leaves
 	var err error
 	if h.store, err = state.Open(filepath.Join(h.dir, "state")); err != nil {
 		t.Fatal(err)
@@ -112,12 +113,14 @@ func (h srvState) record() serverRecord {
 	return r
 }
 
-// kill ends whatever the test left running: the recorded launch, verified.
+// kill ends whatever the test left running: the recorded launch, verified, and any
+// other server launched with its default HOME under the test's directory.
 func (h srvState) kill() {
 	var r serverRecord
 	if ok, _ := h.store.Load("server.qwen", &r); ok && r.PID > 1 {
 		_, _ = proc.FS{}.Stop(context.Background(), r.target(), syscall.SIGKILL, time.Second)
 	}
+	testbin.KillServers(h.dir)
 }
 
 type srvHarness struct {

@@ -19,9 +19,12 @@ import (
 func killedMidLaunch(t *testing.T, faults string) (rec serverRecord, stateDir, home string, args []string) {
 	t.Helper()
 	dir := t.TempDir()
+	testbin.NoLeaks(t, dir)
 	home = filepath.Join(dir, "home")
 	os.Mkdir(home, 0o700)
-	t.Cleanup(func() { testbin.KillServers(home) })
+	// The agent's HOME is dir/home, its servers' is <state dir>/home = dir/state/home:
+	// look for them under dir.
+	t.Cleanup(func() { testbin.KillServers(dir) })
 	plan := writeSrvPlan(t, dir, filepath.Join(dir, "logs"), srvFreePort(t), faults)
 	stateDir = filepath.Join(dir, "state")
 	args = []string{"--state-dir", stateDir, "-var-file", filepath.Join(dir, "plan.vars.hcl"), plan}

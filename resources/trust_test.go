@@ -86,6 +86,7 @@ func writeSrvPlan(t *testing.T, dir, logs string, port int, faults string, extra
 func TestAgentRefusesAStateDirAnotherUserControls(t *testing.T) {
 	t.Parallel()
 	base := reachableDir(t)
+	testbin.NoLeaks(t, base)
 	precious := filepath.Join(base, "precious")
 	const content = "root's own file\n"
 	os.WriteFile(precious, []byte(content), 0o644)
@@ -115,7 +116,7 @@ func TestAgentRefusesAStateDirAnotherUserControls(t *testing.T) {
 
 	home := filepath.Join(base, "home")
 	os.Mkdir(home, 0o700)
-	t.Cleanup(func() { testbin.KillServers(home) })
+	t.Cleanup(func() { testbin.KillServers(base) }) // a server's HOME would be <state dir>/home
 	plan := writeSrvPlan(t, base, filepath.Join(base, "logs"), port, "")
 	for _, cmd := range []string{"plan", "apply", "status"} {
 		code, out := runAgent(t, home, cmd, "--state-dir", stateDir, "-var-file", filepath.Join(base, "plan.vars.hcl"), plan)
@@ -132,7 +133,7 @@ func TestAgentRefusesAStateDirAnotherUserControls(t *testing.T) {
 	if fi, _ := os.Stat(stateDir); fi.Mode().Perm() != 0o755 {
 		t.Errorf("the refused state dir was changed to %v", fi.Mode().Perm())
 	}
-	if len(testbin.Servers(home)) != 0 {
+	if len(testbin.Servers(base)) != 0 {
 		t.Error("a server was launched from an untrusted state dir")
 	}
 }

@@ -1,11 +1,15 @@
 // Command downloadserve serves a directory on a loopback address for bench/download.sh:
 // http.FileServer (ranges, ETag-less, Last-Modified), plus GET /_stats with the body bytes
-// sent so far and the most responses in flight at once, so the benchmark can measure what
-// a resume fetched again and how many connections a client used.
+// sent so far and GET /_maxconns with the most responses in flight at once, so the
+// benchmark can measure what a resume fetched again and how many connections a client
+// used; GET /_reset forgets the connections seen (for -congested).
 //
 // With -rate and -delay it emulates a model CDN: each response (one per connection at a
 // time) is paced at -rate bytes per second after a -delay before its first byte, as CDNs
-// cap each connection and answer after a round trip to their origin.
+// cap each connection and answer after a round trip to their origin. With -congested N the
+// first N connections (in the order of their first request) are paced at -congested-rate
+// instead: one CDN edge congested. -refuse-head answers HEAD with 405, as some object
+// stores do.
 package main
 
 import (
@@ -15,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -63,6 +68,9 @@ func main() {
 	rate := flag.Int64("rate", 0, "cap each response at this many bytes per second (0: none)")
 	delay := flag.Duration("delay", 0, "wait this long before each response's first byte")
 	logResponses := flag.Bool("log", false, "log each response (method, path, range, body bytes) to stderr")
+	congested := flag.Int("congested", 0, "pace the first N connections at -congested-rate instead of -rate")
+	congestedRate := flag.Int64("congested-rate", 1<<20, "bytes per second of a congested connection")
+	refuseHead := flag.Bool("refuse-head", false, "answer HEAD with 405 Method Not Allowed")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -76,6 +84,8 @@ func main() {
 	}
 	var st stats
 	fs := http.FileServer(http.Dir(*dir))
+	var connMu sync.Mutex
+	conns := map[string]int{} // client address -> order of its first request
 	log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/_stats":
@@ -84,6 +94,27 @@ func main() {
 		case "/_maxconns":
 			fmt.Fprintf(w, "%d\n", st.maxSeen.Load())
 			return
+		case "/_reset":
+			// The next client's first connections are the congested ones again.
+			connMu.Lock()
+			clear(conns)
+			connMu.Unlock()
+			return
+		}
+		if *refuseHead && r.Method == http.MethodHead {
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		connMu.Lock()
+		order, ok := conns[r.RemoteAddr]
+		if !ok {
+			order = len(conns)
+			conns[r.RemoteAddr] = order
+		}
+		connMu.Unlock()
+		pace := *rate
+		if order < *congested {
+			pace = *congestedRate
 		}
 		n := st.inFlight.Add(1)
 		defer st.inFlight.Add(-1)
@@ -96,7 +127,7 @@ func main() {
 		if *delay > 0 {
 			time.Sleep(*delay)
 		}
-		pw := &pacedWriter{ResponseWriter: w, st: &st, rate: *rate, start: time.Now()}
+		pw := &pacedWriter{ResponseWriter: w, st: &st, rate: pace, start: time.Now()}
 		fs.ServeHTTP(pw, r)
 		if *logResponses {
 			// What the quickstart's test adds up: every body byte this server sent.

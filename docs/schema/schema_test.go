@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
 // documents are valid documents of every command, built by the code the binary prints
-// them with (agent.JSON and its constructors), each with what the schema constrains:
+// them with (view.JSON and its constructors), each with what the schema constrains:
 // typed changes, a sensitive one, status fields of every value type, a failed and a
 // skipped resource, a diagnostic, a rollout group.
 func documents(t *testing.T) map[string][]byte {
@@ -53,21 +54,21 @@ func documents(t *testing.T) map[string][]byte {
 		}
 		return rep
 	}
-	red := agent.NewRedactor([]string{"hunter22"})
-	docs := map[string]*agent.JSONOutput{}
+	red := view.NewRedactor([]string{"hunter22"})
+	docs := map[string]*view.JSONOutput{}
 	for _, c := range []string{"plan", "apply", "destroy", "status"} {
-		docs[c] = agent.JSON(c, steps(c), &plans.Plan{}, red)
+		docs[c] = view.JSON(c, steps(c), red)
 	}
-	docs["status from agent run"] = agent.JSON("status", steps("status"), &plans.Plan{}, red)
+	docs["status from agent run"] = view.JSON("status", steps("status"), red)
 	docs["status from agent run"].StateDir = "/var/lib/agent"
-	docs["validate"] = agent.DiagnosticsJSON("validate", nil)
-	docs["plan, invalid"] = agent.DiagnosticsJSON("plan", []plans.JSONDiagnostic{{Severity: "error", Summary: "Unsupported argument",
+	docs["validate"] = view.DiagnosticsJSON("validate", nil)
+	docs["plan, invalid"] = view.DiagnosticsJSON("plan", []plans.JSONDiagnostic{{Severity: "error", Summary: "Unsupported argument",
 		Range: &plans.JSONRange{Filename: "plan.hcl", Start: plans.JSONPos{Line: 3, Column: 3}, End: plans.JSONPos{Line: 3, Column: 8}}}})
-	docs["apply, lock held"] = agent.ErrorJSON("apply", "locked by PID 77 since 2026-12-02T15:08:22Z")
+	docs["apply, lock held"] = view.ErrorJSON("apply", "locked by PID 77 since 2026-12-02T15:08:22Z")
 	out := map[string][]byte{}
 	for name, d := range docs {
 		var b bytes.Buffer
-		if err := agent.WriteJSON(&b, d); err != nil {
+		if err := view.WriteJSON(&b, d); err != nil {
 			t.Fatal(err)
 		}
 		out[name] = b.Bytes()
@@ -194,8 +195,8 @@ func TestSchemaEnumsAreTheEngines(t *testing.T) {
 			t.Errorf("$defs.%s.enum = %q, want %q", def, got, want)
 		}
 	}
-	if !strings.Contains(string(OutputV3), `"format_version": { "const": `+strconv.Quote(agent.FormatVersion)+` }`) {
-		t.Errorf("the schema is not the one of format_version %q", agent.FormatVersion)
+	if !strings.Contains(string(OutputV3), `"format_version": { "const": `+strconv.Quote(view.FormatVersion)+` }`) {
+		t.Errorf("the schema is not the one of format_version %q", view.FormatVersion)
 	}
 }
 

@@ -116,6 +116,7 @@ func TestQuickstartNoOpPlanReadsNoWeights(t *testing.T) {
 	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 	origin := testbin.QuickstartModel(t)
 	root, port := t.TempDir(), strconv.Itoa(testbin.FreePort(t))
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	agent := func(args ...string) (string, error) {
 		args = append(args, "quickstart.hcl", "--state-dir", filepath.Join(root, "state"), "-var", "root="+root,

@@ -64,6 +64,7 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	port, listen := freePort(t), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 
 	sock := filepath.Join(t.TempDir(), "notify")

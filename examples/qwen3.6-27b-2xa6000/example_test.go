@@ -87,6 +87,7 @@ func hub(t *testing.T, repo, commit string, files map[string][]byte) *httptest.S
 func TestFakesApply(t *testing.T) {
 	d := incustest.Start(t)
 	work := t.TempDir()
+	testbin.NoLeaks(t, work)
 	root := filepath.Join(work, "host")
 	for name, content := range map[string]string{
 		"proc/driver/nvidia/version":                       "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 09:55:41 UTC 2025\n",

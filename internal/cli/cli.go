@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -50,6 +52,7 @@ Usage:
   agent fmt [-check] PLAN rewrite plan files in canonical form
   agent export            observe this host and print a plan that reproduces it (docs/export.md)
   agent version           print the version
+  agent help COMMAND      a command's flags and an example (as agent COMMAND --help)
 
 PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN:
   --state-dir DIR      where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)
@@ -65,6 +68,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --fleet              every host of the fleet and its rollouts, from etcd (status; agent { coordination })
   --log-level LEVEL    debug, info, warn (default; info for run), error; logs go to stderr
 
+Run 'agent COMMAND --help' for a command's flags and an example.
 Docs: docs/plan-language.md, docs/architecture.md.
 `
 
@@ -81,20 +85,29 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "validate", "plan", "apply", "status", "destroy":
 		return run(ctx, cmd, rest, stdout, stderr)
 	case "run":
-		return runDaemon(ctx, rest, stderr)
+		return runDaemon(ctx, rest, stdout, stderr)
 	case "fmt":
 		return runFmt(rest, stdout, stderr)
 	case "export":
 		return runExport(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
+		if len(rest) > 0 && (rest[0] == "--help" || rest[0] == "-h") {
+			writeHelp(stdout, "version", nil)
+			return ExitOK
+		}
 		fmt.Fprintf(stdout, "agent %s\n", Version)
 		return ExitOK
 	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 && rest[0] != "help" {
+			if _, ok := commands[rest[0]]; !ok {
+				return unknownCommand(stderr, rest[0])
+			}
+			return Main([]string{rest[0], "--help"}, stdout, stderr) // `agent help apply`
+		}
 		fmt.Fprint(stdout, usage)
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "agent: unknown command %q\n\n%s", cmd, usage)
-	return exitUsage
+	return unknownCommand(stderr, cmd)
 }
 
 // multi is a repeatable string flag.
@@ -143,31 +156,62 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("agent "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.stateDir, "state-dir", "", "state directory")
-	fs.BoolVar(&o.json, "json", false, "machine-readable output")
-	fs.Var(&o.vars, "var", "set a variable: NAME=VALUE")
-	fs.Var(&o.varFiles, "var-file", "read variables from a file")
-	fs.Var(&o.targets, "target", "act on this resource and its dependencies")
-	fs.IntVar(&o.parallelism, "parallelism", agent.DefaultParallelism, "resources at once")
-	fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "wait for the state lock")
-	fs.StringVar(&o.hostOverride, "host-override", "", "run a plan guarded for this host name here")
-	fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
-	fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages")
-	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
+	// Each command declares the flags it uses, so that its --help lists exactly those.
+	for _, f := range []struct {
+		name  string
+		cmds  string // the commands that take it
+		apply func()
+	}{
+		{"state-dir", "plan apply status destroy run", func() {
+			fs.StringVar(&o.stateDir, "state-dir", "", "`DIR`: where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)")
+		}},
+		{"json", "validate plan apply status destroy", func() {
+			fs.BoolVar(&o.json, "json", false, "one JSON document instead of text (docs/json-output.md)")
+		}},
+		{"var", "validate plan apply status destroy run", func() {
+			fs.Var(&o.vars, "var", "`NAME=VALUE`: set a variable (repeatable; also AGENT_VAR_NAME in the environment)")
+			fs.Var(&o.varFiles, "var-file", "`FILE`: read variables from an HCL file (repeatable)")
+		}},
+		{"target", "plan apply status destroy run", func() {
+			fs.Var(&o.targets, "target", "`ADDR`: act on this resource and what it depends on (repeatable)")
+		}},
+		{"parallelism", "plan apply status destroy run", func() {
+			fs.IntVar(&o.parallelism, "parallelism", agent.DefaultParallelism, "`N` resources observed or applied at once")
+		}},
+		{"lock-timeout", "plan apply destroy run", func() {
+			fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "`DUR`: wait this long for another agent's lock (0: fail at once)")
+		}},
+		{"host-override", "plan apply status destroy run", func() {
+			fs.StringVar(&o.hostOverride, "host-override", "", "`NAME`: run a plan guarded for host NAME on this host (migrations)")
+		}},
+		{"no-destructive", "plan apply run", func() {
+			fs.BoolVar(&o.noDestructive, "no-destructive", false, "refuse restarts, replacements and deletions")
+		}},
+		{"allow-delete-all", "plan apply", func() {
+			fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages when the plan keeps none")
+		}},
+		{"log-level", "validate plan apply status destroy run", func() {
+			fs.StringVar(&o.logLevel, "log-level", "warn", "`LEVEL`: debug, info, warn or error; logs go to stderr")
+		}},
+	} {
+		if slices.Contains(strings.Fields(f.cmds), cmd) {
+			f.apply()
+		}
+	}
+	o.parallelism = max(o.parallelism, 1) // validate has no --parallelism
 	if cmd == "status" {
 		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
 		fs.BoolVar(&o.fleet, "fleet", false, "every host of the fleet, from etcd (agent { coordination })")
 	}
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	return fs
 }
 
 func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := flagSet(cmd, &o, stderr)
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
+	pos, code, ok := parseArgs(cmd, fs, args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "agent %s: want exactly one PLAN (a .hcl file or a directory), got %d arguments\n", cmd, len(pos))
@@ -189,15 +233,15 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if p != nil {
 		secrets = p.Secrets()
 	}
-	red := agent.NewRedactor(secrets)
-	log = slog.New(agent.NewRedactingHandler(log.Handler(), red))
-	view := &agent.View{W: stdout, Redact: red}
+	red := view.NewRedactor(secrets)
+	log = slog.New(view.NewRedactingHandler(log.Handler(), red))
+	human := &view.View{W: stdout, Redact: red}
 	if diags.HasErrors() {
 		return invalid(cmd, p, diags, o.json, stdout, stderr)
 	}
 	if cmd == "validate" {
 		if o.json {
-			agent.WriteJSON(stdout, agent.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
+			view.WriteJSON(stdout, view.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
 		} else {
 			if len(diags) > 0 {
 				plans.WriteDiagnostics(stderr, p.Files, diags)
@@ -210,7 +254,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	fail := func(err error) int {
 		msg := red.String(err.Error())
 		if o.json {
-			agent.WriteJSON(stdout, agent.ErrorJSON(cmd, msg))
+			view.WriteJSON(stdout, view.ErrorJSON(cmd, msg))
 		} else {
 			fmt.Fprintf(stderr, "agent %s: %s\n", cmd, msg)
 		}
@@ -237,12 +281,15 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		defer leave()
 		rollouts = r
 	}
-	var terminal io.Writer
-	if f, ok := stdout.(*os.File); ok && !o.json && term.IsTerminal(int(f.Fd())) {
-		terminal = stderr
+	if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		human.Term = stderr
+	}
+	var progress func(agent.Progress)
+	if !o.json {
+		progress = human.WorkProgress
 	}
 	eng, err := agent.New(p, kinds, store, agent.Options{
-		Terminal:      terminal,
+		Progress:      progress,
 		Parallelism:   o.parallelism,
 		Targets:       o.targets,
 		Log:           log,
@@ -253,14 +300,14 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		Orphans:        agent.OrphansDelete,
 		AllowDeleteAll: o.allowDelAll,
 		Probe:          o.smoke,
-		StepContext:    stopProgress(cmd, o.json, view),
+		StepContext:    stopProgress(cmd, o.json, human),
 		Rollouts:       rollouts,
 	})
 	if err != nil {
 		return fail(err)
 	}
 	if cmd != "status" {
-		lock, err := acquireLock(ctx, store, o.lockTimeout, cmd, pos[0])
+		lock, err := acquireLock(ctx, store, o, cmd, pos[0])
 		if err != nil {
 			return fail(err)
 		}
@@ -271,9 +318,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	case "plan":
 		rep := eng.Plan(ctx)
 		if o.json {
-			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {
-			view.Plan(rep)
+			human.Plan(rep)
 		}
 		switch {
 		case rep.Failed():
@@ -285,20 +332,20 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	case "apply":
 		var onEvent func(agent.Event)
 		if !o.json {
-			onEvent = view.ApplyEvent
+			onEvent = human.ApplyEvent
 		}
 		rep := eng.Apply(ctx, onEvent)
 		if o.json {
-			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {
-			view.ApplySummary(rep)
+			human.ApplySummary(rep)
 		}
 		if rep.Failed() {
 			return ExitError
 		}
 		return ExitOK
 	case "destroy":
-		return destroy(ctx, eng, p, red, view, o.json, stdout)
+		return destroy(ctx, eng, red, human, o.json, stdout)
 	case "status":
 		// --smoke probes now, here: the daemon's status is its last cheap observation.
 		if !o.smoke {
@@ -308,9 +355,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		}
 		rep := eng.Status(ctx)
 		if o.json {
-			agent.WriteJSON(stdout, agent.JSON(cmd, rep, p, red))
+			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {
-			view.Status(rep)
+			human.Status(rep)
 		}
 		if rep.Failed() {
 			return ExitError
@@ -331,16 +378,19 @@ func loadPlan(path string, o options, kinds []agent.Kind) (*plans.Plan, hcl.Diag
 		VarFiles: o.varFiles,
 		Environ:  os.Environ(),
 	})
-	if !diags.HasErrors() {
+	if p != nil {
+		// Also with errors: every resource that decoded, fully or partly, gets its kind's
+		// checks, so that one run reports every error (plans.Resource.Unknown).
 		_, bindDiags := agent.Bind(p, kinds)
 		diags = append(diags, bindDiags...)
+		plans.SortDiagnostics(diags)
 	}
 	return p, diags
 }
 
 func invalid(cmd string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer) int {
 	if asJSON {
-		agent.WriteJSON(stdout, agent.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
+		view.WriteJSON(stdout, view.DiagnosticsJSON(cmd, plans.DiagnosticsJSON(diags)))
 		return ExitError
 	}
 	var files map[string]*hcl.File
@@ -363,13 +413,13 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 // that waits for a server to exit prints where it stands every few seconds
 // (internal/proc measures, the view prints), instead of a minute of silence before
 // "deleted and verified". --json prints one document, so nothing there.
-func stopProgress(cmd string, asJSON bool, view *agent.View) func(context.Context, string) context.Context {
+func stopProgress(cmd string, asJSON bool, human *view.View) func(context.Context, string) context.Context {
 	if asJSON || (cmd != "apply" && cmd != "destroy") {
 		return nil
 	}
 	return func(ctx context.Context, addr string) context.Context {
 		return proc.WithStopProgress(ctx, proc.DefaultStopProgressEvery, func(p proc.StopProgress) {
-			view.Progress(addr, "stopping "+p.String())
+			human.Progress(addr, "stopping "+p.String())
 		})
 	}
 }

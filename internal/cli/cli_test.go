@@ -35,6 +35,13 @@ func TestScripts(t *testing.T) {
 		},
 		UpdateScripts: *update,
 		Setup: func(env *testscript.Env) error {
+			// A script ends with nothing of its own running (testbin.NoLeaks): its servers
+			// write their logs and live under $WORK; one left is killed and fails the script.
+			env.Defer(func() {
+				if err := testbin.KillLeft(env.WorkDir); err != nil {
+					env.T().Fatal(err)
+				}
+			})
 			env.Setenv("STATE", env.WorkDir+"/state")
 			// Plans in the scripts declare variable "root" and put every managed file
 			// under it: file paths must be absolute, and $WORK differs per run.
@@ -74,5 +81,24 @@ func exitsCmd(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	if got != want {
 		ts.Fatalf("exit code %d, want %d", got, want)
+	}
+}
+
+// The lock refusal names systemctl only for a holder that runs in a systemd service, and
+// then that service (issue 29, point 4); its commands survive the shell as written.
+func TestRefusalCommandsWorkAsWritten(t *testing.T) {
+	for _, c := range []struct{ cgroup, unit string }{
+		{"0::/system.slice/agent.service\n", "agent.service"},
+		{"12:pids:/\n1:name=systemd:/system.slice/agent-gpu0.service\n0::/\n", "agent-gpu0.service"},
+		{"0::/user.slice/user-0.slice/session-3.scope\n", ""},
+		{"4:memory:/system.slice/other.service\n0::/\n", ""},
+	} {
+		if got := unitOfCgroup(c.cgroup); got != c.unit {
+			t.Errorf("unitOfCgroup(%q) = %q, want %q", c.cgroup, got, c.unit)
+		}
+	}
+	if got, want := shellJoin([]string{"agent", "status", "my plan.hcl", "-var", "name=it's", "--state-dir", "/var/lib/a"}),
+		`agent status 'my plan.hcl' -var 'name=it'\''s' --state-dir /var/lib/a`; got != want {
+		t.Errorf("shellJoin = %s, want %s", got, want)
 	}
 }

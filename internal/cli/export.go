@@ -23,16 +23,13 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "the observation and the plan as JSON")
 	hash := fs.Bool("hash", false, "compute the sha256 of every weights file (reads them all)")
-	hostname := fs.String("hostname", "", "the host name the plan's guard carries (default: this host's)")
-	socket := fs.String("incus-socket", "", `the Incus socket ("none": skip containers; default: $INCUS_SOCKET, then the usual paths)`)
+	hostname := fs.String("hostname", "", "`NAME` the plan's host guard carries (default: this host's)")
+	socket := fs.String("incus-socket", "", "`PATH` of the Incus socket (\"none\": skip containers; default: $INCUS_SOCKET, then the usual paths)")
 	var ports multi
-	fs.Var(&ports, "port", "export only the model servers on this port (repeatable)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: agent export [--json] [--hash] [--hostname NAME] [--incus-socket PATH|none] [--port N]... > host.hcl\n")
-	}
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
+	fs.Var(&ports, "port", "`N`: export only the model servers on this port (repeatable)")
+	pos, code, ok := parseArgs("export", fs, args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "agent export: takes no PLAN argument (it writes one to stdout)\n")

@@ -11,6 +11,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -35,17 +36,17 @@ func fleetRollouts(p *plans.Plan, store *state.Store, log *slog.Logger) (*agent.
 // fleetDocument is `agent status --fleet --json`: a status document whose resources are
 // per host, under fleet.
 type fleetDocument struct {
-	*agent.JSONOutput
+	*view.JSONOutput
 	Fleet *fleet.Status `json:"fleet"`
 }
 
 // fleetStatus is `agent status --fleet`: every host of the fleet, its resources' health
 // and the rollouts in flight, from etcd alone. Exit 0 when every host is reachable and
 // healthy and no rollout stopped, 3 otherwise, 1 when etcd cannot be read.
-func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr io.Writer, red *agent.Redactor) int {
+func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr io.Writer, red *view.Redactor) int {
 	fail := func(msg string) int {
 		if asJSON {
-			agent.WriteJSON(stdout, &fleetDocument{JSONOutput: agent.ErrorJSON("status", red.String(msg))})
+			view.WriteJSON(stdout, &fleetDocument{JSONOutput: view.ErrorJSON("status", red.String(msg))})
 		} else {
 			fmt.Fprintf(stderr, "agent status: %s\n", red.String(msg))
 		}
@@ -66,9 +67,9 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr
 		return fail(fmt.Sprintf("--fleet: reading etcd %s: %v", strings.Join(p.Agent.Coordination.Etcd, ","), err))
 	}
 	if asJSON {
-		doc := &fleetDocument{JSONOutput: agent.NewJSONOutput("status"), Fleet: st}
+		doc := &fleetDocument{JSONOutput: view.NewJSONOutput("status"), Fleet: st}
 		doc.OK = true
-		agent.WriteJSON(stdout, doc)
+		view.WriteJSON(stdout, doc)
 	} else {
 		writeFleet(stdout, st, time.Now())
 	}

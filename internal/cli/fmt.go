@@ -21,9 +21,9 @@ func runFmt(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	check := fs.Bool("check", false, "report files that are not formatted (exit 3) instead of rewriting them")
 	showDiff := fs.Bool("diff", false, "print the changes")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
+	pos, code, ok := parseArgs("fmt", fs, args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	if len(pos) == 0 {
 		pos = []string{"."}
@@ -43,7 +43,7 @@ func runFmt(args []string, stdout, stderr io.Writer) int {
 			files = append(files, p)
 		}
 	}
-	code := ExitOK
+	code = ExitOK
 	for _, f := range files {
 		src, err := os.ReadFile(f)
 		if err != nil {

@@ -20,13 +20,13 @@ import (
 //   - the script's paths and port: $FAKE_SGLANG_BIN, $WORK, $PORT and
 //     $PORT2 (as the words they are);
 //   - this host's name, quoted ("kpro5") → "HOSTNAME" (the host guard's refusal);
-//   - process ids after "pid" or "PID", and the client port of a loopback access-log
+//   - process ids after "pid", "PID", "kill" or "kill -HUP", and the client port of a loopback access-log
 //     line (127.0.0.1:51000 - "GET /health …");
 //   - wall-clock times (2026-12-02 15:08:22, RFC 3339) → TIME;
 //   - measured durations: in parentheses at the end of a step's line ("(3.131s)"), and
 //     ages ("5m8s ago") → DUR.
 var (
-	pidRE      = regexp.MustCompile(`\b(pid|PID)(\s+)\d+\b`)
+	pidRE      = regexp.MustCompile(`\b(pid|PID|kill|kill -HUP)(\s+)\d+\b`)
 	clientRE   = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - "`)
 	timeRE     = regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?`)
 	durationRE = `(\d+(\.\d+)?(ns|µs|us|ms|s|m|h))+`

@@ -21,6 +21,7 @@ import (
 	"github.com/agent-dev/agent/docs/schema"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/internal/view"
 )
 
 // jsonPlan has a file and a server (the fake SGLang): typed changes, a status with typed
@@ -120,6 +121,7 @@ func TestJSONOutput(t *testing.T) {
 	t.Parallel()
 	bin := testbin.Agent(t)
 	dir := t.TempDir()
+	testbin.NoLeaks(t, dir)
 	t.Cleanup(func() { testbin.KillServers(dir) })
 	stateDir := filepath.Join(dir, "state")
 	port, listen := testbin.FreePort(t), "127.0.0.1:"+strconv.Itoa(testbin.FreePort(t))
@@ -241,7 +243,7 @@ func checkDocument(t *testing.T, name string, doc []byte, getenv func(string) st
 	if bytes.Contains(doc, []byte("hf_planted_secret")) || bytes.Contains(doc, []byte("hf_other_secret")) {
 		t.Errorf("%s: a secret in the document:\n%s", name, doc)
 	}
-	var d agent.JSONOutput
+	var d view.JSONOutput
 	if err := json.Unmarshal(doc, &d); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -284,7 +286,7 @@ func daemonStatus(t *testing.T, base string) []byte {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		var doc agent.JSONOutput
+		var doc view.JSONOutput
 		if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &doc) != nil || !doc.OK || len(doc.Resources) != 3 {
 			continue
 		}

@@ -14,21 +14,22 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/daemon"
 	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
 
 // runDaemon is `agent run PLAN`: the reconcile loop until SIGTERM.
-func runDaemon(ctx context.Context, args []string, stderr io.Writer) int {
+func runDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := flagSet("run", &o, stderr)
-	interval := fs.Duration("interval", 0, "reconcile interval (default: the plan's agent.interval, else 30s)")
-	listen := fs.String("listen", "", "metrics and status address (default: the plan's agent.metrics_listen, else 127.0.0.1:9464)")
+	interval := fs.Duration("interval", 0, "`DUR` between two full reconciles (default: the plan's agent.interval, else 30s)")
+	listen := fs.String("listen", "", "`ADDR` of /status, /metrics and /healthz (default: the plan's agent.metrics_listen, else 127.0.0.1:9464)")
 	fs.Lookup("log-level").DefValue = "info"
 	o.logLevel = "info"
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
+	pos, code, ok := parseArgs("run", fs, args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	if len(pos) != 1 {
 		fmt.Fprintln(stderr, "agent run: want exactly one PLAN")
@@ -65,7 +66,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) int {
 // statusFromDaemon asks a running `agent run` for status. It is used only when that daemon
 // manages the same state directory; otherwise (or when none answers) status observes the
 // host itself.
-func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Writer, red *agent.Redactor) (int, bool) {
+func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Writer, red *view.Redactor) (int, bool) {
 	addr := p.Agent.MetricsListen
 	if addr == "" {
 		addr = daemon.DefaultListen
@@ -84,15 +85,15 @@ func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Wri
 		return 0, false
 	}
 	defer resp.Body.Close()
-	var doc agent.JSONOutput
+	var doc view.JSONOutput
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&doc) != nil || doc.StateDir != stateDir {
 		return 0, false
 	}
 	if asJSON {
-		agent.WriteJSON(stdout, &doc)
+		view.WriteJSON(stdout, &doc)
 	} else {
 		fmt.Fprintf(stdout, "(from agent run at %s)\n", addr)
-		(&agent.View{W: stdout, Redact: red}).Status(agent.StatusReport(&doc))
+		(&view.View{W: stdout, Redact: red}).Status(view.StatusReport(&doc))
 	}
 	for _, r := range doc.Resources {
 		if r.Error != "" {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -62,15 +63,15 @@ func statusReport() *agent.Report {
 func TestStatusFromDaemonRendersAsLocal(t *testing.T) {
 	t.Parallel()
 	rep := statusReport()
-	red := agent.NewRedactor(nil)
+	red := view.NewRedactor(nil)
 	const stateDir = "/var/lib/agent-test"
-	doc := agent.JSON("status", rep, &plans.Plan{}, red)
+	doc := view.JSON("status", rep, red)
 	doc.StateDir = stateDir
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/healthz":
 		case "/status":
-			agent.WriteJSON(w, doc)
+			view.WriteJSON(w, doc)
 		default:
 			http.NotFound(w, r)
 		}
@@ -79,7 +80,7 @@ func TestStatusFromDaemonRendersAsLocal(t *testing.T) {
 	addr := strings.TrimPrefix(srv.URL, "http://")
 
 	var local, remote bytes.Buffer
-	(&agent.View{W: &local, Redact: red}).Status(rep)
+	(&view.View{W: &local, Redact: red}).Status(rep)
 	code, ok := statusFromDaemon(&plans.Plan{Agent: plans.AgentSettings{MetricsListen: addr}}, stateDir, false, &remote, red)
 	if !ok || code != ExitError {
 		t.Fatalf("statusFromDaemon = %d, %v; want the daemon's answer with exit code %d (a resource failed)", code, ok, ExitError)

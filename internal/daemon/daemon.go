@@ -40,8 +40,8 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -79,9 +79,11 @@ type Config struct {
 	Listen   string
 	// Engine options (Parallelism: the number of workers, HostOverride, Log…); Hold is
 	// set by Run.
-	Engine   agent.Options
-	Log      *slog.Logger
-	Notifier *sdnotify.Notifier
+	Engine agent.Options
+	Log    *slog.Logger
+	// Notify sends one sd_notify datagram; nil sends to $NOTIFY_SOCKET (nothing outside
+	// systemd). Tests record the datagrams instead.
+	Notify func(state string) error
 	// LockTimeout bounds the wait at start for an operator's command that holds the
 	// state lock; past it Run fails (systemd restarts it). Zero waits as long as it takes.
 	LockTimeout time.Duration
@@ -106,8 +108,8 @@ type Config struct {
 type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
-	redact  *agent.RedactingHandler // d.log's, given each loaded plan's secrets
-	notify  *sdnotify.Notifier
+	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
+	notify  notifier
 	metrics *metrics
 	queue   *workQueue
 	// work is the workers' context: it ends only after the stop grace.
@@ -182,20 +184,17 @@ func (rs *resState) stopWatch() {
 // Run runs the loop until ctx ends or SIGTERM/SIGINT arrives. It fails at once when the
 // first plan is invalid (there is no last good plan to keep).
 func Run(ctx context.Context, cfg Config) error {
-	d := &Daemon{cfg: cfg, log: cfg.Log, notify: cfg.Notifier, res: map[string]*resState{}, queue: newWorkQueue()}
+	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
 	// Everything the daemon and the resources log goes through the plan's redactor,
 	// renewed on each reload: an error may quote a secret, and the log is the journal.
-	d.redact = agent.NewRedactingHandler(d.log.Handler(), nil)
+	d.redact = view.NewRedactingHandler(d.log.Handler(), nil)
 	d.log = slog.New(d.redact)
 	if d.debugOn() {
 		d.queue.trace = d.traceQueue
-	}
-	if d.notify == nil {
-		d.notify = sdnotify.FromEnv()
 	}
 	if err := d.reload(); err != nil {
 		return err
@@ -225,10 +224,10 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// READY as soon as the endpoint serves: the first reconciles may take as long as a
 	// 52 GB download, far past systemd's start timeout. STATUS= says what is going on.
-	d.notify.Ready("starting")
+	d.notify.ready("starting")
 	lock, err := d.acquire(ctx)
 	if err != nil {
-		d.notify.Stopping()
+		d.notify.stopping()
 		if ctx.Err() != nil {
 			return nil // stopped while waiting
 		}
@@ -236,12 +235,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer lock.Release()
 	if err := d.eng.Prepare(ctx); err != nil {
-		d.notify.Stopping()
+		d.notify.stopping()
 		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
 	}
 	leave, err := d.joinFleet(ctx)
 	if err != nil {
-		d.notify.Stopping()
+		d.notify.stopping()
 		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
 	}
 	defer leave()
@@ -282,7 +281,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// A reload never waits for the steps in flight: the new plan is in place at
 		// once (each resource in flight is reconciled again under it when its step
 		// ends), so READY=1 follows RELOADING=1 right away.
-		d.notify.Reloading()
+		d.notify.reloading()
 		if err := d.reload(); err != nil {
 			d.log.Error("the new plan is invalid; the last good plan keeps running", "error", err)
 		} else {
@@ -291,7 +290,7 @@ func Run(ctx context.Context, cfg Config) error {
 			d.mu.Unlock()
 			d.log.Info("plan loaded", "plan", cfg.PlanPath, "resources", n)
 		}
-		d.notify.Ready(d.summaryLine())
+		d.notify.ready(d.summaryLine())
 	}
 }
 
@@ -299,7 +298,7 @@ func Run(ctx context.Context, cfg Config) error {
 // then their context ends.
 func (d *Daemon) shutdown(wg *sync.WaitGroup, cancelWork context.CancelFunc) {
 	d.stopping.Store(true)
-	d.notify.Stopping()
+	d.notify.stopping()
 	d.log.Info("stopping; managed servers keep running")
 	d.queue.ShutDown()
 	d.mu.Lock()
@@ -352,7 +351,7 @@ func (d *Daemon) acquire(ctx context.Context) (*state.Lock, error) {
 		d.mu.Unlock()
 		if first {
 			d.log.Warn("waiting for the state lock", "error", err)
-			d.notify.Status("waiting: " + err.Error())
+			d.notify.status("waiting: " + err.Error())
 		}
 		if d.cfg.LockTimeout > 0 && time.Since(began) > d.cfg.LockTimeout {
 			return nil, fmt.Errorf("%w (waited --lock-timeout %s)", err, d.cfg.LockTimeout)
@@ -422,7 +421,7 @@ func (d *Daemon) reload() error {
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++
 	d.reloaded = time.Now()
-	d.redact.SetRedactor(agent.NewRedactor(p.Secrets()))
+	d.redact.SetRedactor(view.NewRedactor(p.Secrets()))
 	for addr, rs := range d.res {
 		rs.stopWatch()
 		if !eng.Has(addr) {
@@ -530,7 +529,10 @@ func (d *Daemon) stuck(now time.Time) (bool, string) {
 
 // watchdog pings systemd while no step is stuck.
 func (d *Daemon) watchdog(ctx context.Context) {
-	every := sdnotify.WatchdogInterval()
+	every, err := watchdogInterval()
+	if err != nil {
+		d.log.Error("systemd's watchdog setting is malformed: no watchdog ping", "error", err)
+	}
 	if every <= 0 {
 		return
 	}
@@ -542,7 +544,7 @@ func (d *Daemon) watchdog(ctx context.Context) {
 			return
 		case <-t.C:
 			if stuck, why := d.stuck(time.Now()); !stuck {
-				d.notify.Watchdog()
+				d.notify.watchdog()
 			} else {
 				d.log.Error("stuck: no watchdog ping", "why", why)
 			}

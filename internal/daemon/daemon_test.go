@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,7 +20,6 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -205,22 +203,6 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 	h := &harness{dir: dir, plan: filepath.Join(dir, "plan.hcl"), applies: &counter{n: map[string]int{}}, checks: &counter{n: map[string]int{}}, hang: make(chan struct{}),
 		notes: make(chan string, 100), done: make(chan error, 1), readyURL: make(chan string, 1), log: &syncBuffer{}}
 	h.write(t, planSrc)
-	sock := filepath.Join(dir, "notify")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			h.notes <- string(buf[:n])
-		}
-	}()
 	kinds := []agent.Kind{bindMark(h)}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -235,9 +217,10 @@ func start(t *testing.T, planSrc string, interval time.Duration) *harness {
 			StateDir: filepath.Join(dir, "state"),
 			Interval: interval,
 			Listen:   "127.0.0.1:0",
-			Notifier: sdnotify.New(sock),
-			Log:      slog.New(slog.NewTextHandler(h.log, nil)),
-			Ready:    func(addr string) { h.readyURL <- "http://" + addr },
+			// The datagrams as sent; notify_test.go proves they reach $NOTIFY_SOCKET.
+			Notify: func(state string) error { h.notes <- state; return nil },
+			Log:    slog.New(slog.NewTextHandler(h.log, nil)),
+			Ready:  func(addr string) { h.readyURL <- "http://" + addr },
 			// Short enough for tests, long enough that a loaded machine does not hit
 			// them by accident.
 			StopGrace:  time.Second,
@@ -430,7 +413,7 @@ func TestInvalidFirstPlanFails(t *testing.T) {
 		},
 		StateDir: filepath.Join(dir, "state"),
 		Listen:   "127.0.0.1:0",
-		Notifier: sdnotify.New(""),
+		Notify:   func(string) error { return nil },
 	})
 	if err == nil || !strings.Contains(err.Error(), "plan.hcl") {
 		t.Fatalf("Run = %v, want the plan error", err)
@@ -542,7 +525,7 @@ func TestReloadKeepsTheLastGoodPlanWhenTheEngineRejectsTheNew(t *testing.T) {
 				return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds)})
 			},
 			Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
-			Notifier: sdnotify.New(""), Engine: agent.Options{Targets: []string{"mark.a"}},
+			Notify: func(string) error { return nil }, Engine: agent.Options{Targets: []string{"mark.a"}},
 			Ready: func(addr string) { ready <- "http://" + addr }})
 	}()
 	base := <-ready
@@ -717,7 +700,7 @@ func TestLoopWaitsForAnOperatorsLock(t *testing.T) {
 				return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds)})
 			},
 			Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
-			Notifier: sdnotify.New(""), Ready: func(addr string) { ready <- "http://" + addr }})
+			Notify: func(string) error { return nil }, Ready: func(addr string) { ready <- "http://" + addr }})
 	}()
 	base := <-ready
 	health := func() (int, string) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/fleet"
+	"github.com/agent-dev/agent/internal/view"
 )
 
 // joinFleet joins the fleet when the plan says agent { coordination }: the rollout
@@ -44,7 +45,7 @@ func (d *Daemon) joinFleet(ctx context.Context) (func(), error) {
 			if rollouts != nil {
 				inFlight = rollouts.InFlight()
 			}
-			return fleet.SummaryOf(c.Host(), d.cfg.Version, rep, inFlight, agent.NewRedactor(secrets))
+			return fleet.SummaryOf(c.Host(), d.cfg.Version, rep, inFlight, view.NewRedactor(secrets))
 		})
 	}()
 	go func() {

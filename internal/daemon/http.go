@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
 
@@ -30,10 +31,10 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	store := d.store
 	d.mu.Unlock()
-	doc := agent.JSON("status", rep, p, agent.NewRedactor(p.Secrets()))
+	doc := view.JSON("status", rep, view.NewRedactor(p.Secrets()))
 	doc.StateDir = store.Dir()
 	w.Header().Set("Content-Type", "application/json")
-	agent.WriteJSON(w, doc)
+	view.WriteJSON(w, doc)
 }
 
 // handleHealth is the agent's own liveness: 200 while the loop runs and no step is past

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/view"
 )
 
 // The loop's log is its operator's first account of what it does (docs/service.md,
@@ -97,7 +98,7 @@ func verdict(st *agent.Step) []any {
 	if st.Diff != nil {
 		out = append(out, "observed", string(st.Diff.Action))
 		if len(st.Diff.Changes) > 0 {
-			out = append(out, "changes", agent.LogChanges(st.Diff.Changes))
+			out = append(out, "changes", view.LogChanges(st.Diff.Changes))
 		}
 	}
 	out = append(out, "applied", st.Applied)

@@ -59,6 +59,7 @@ func TestLogExplainsStartRestartsStopsAndDebug(t *testing.T) {
 	const oldToken, newToken = "hf_OldTokenValue1234", "hf_NewTokenValue5678"
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	logs := &syncBuffer{}
 	var planPath, stateDir string

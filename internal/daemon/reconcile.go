@@ -583,7 +583,7 @@ func (d *Daemon) publish() {
 	d.summary = line
 	d.mu.Unlock()
 	if changed {
-		d.notify.Status(line)
+		d.notify.status(line)
 	}
 	rep, p := d.report()
 	if rep != nil {

@@ -25,8 +25,8 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/docs/schema"
-	"github.com/agent-dev/agent/internal/sdnotify"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -98,7 +98,7 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 			return plans.Load(path, plans.Options{Schemas: agent.Schemas(kinds), Vars: vars})
 		},
 		Kinds: kinds, StateDir: filepath.Join(dir, "state"), Interval: 10 * time.Second, Listen: "127.0.0.1:0",
-		Notifier: sdnotify.New(""), Log: slog.New(slog.NewTextHandler(logs, nil)), StopGrace: 5 * time.Second,
+		Notify: func(string) error { return nil }, Log: slog.New(slog.NewTextHandler(logs, nil)), StopGrace: 5 * time.Second,
 		Ready: func(addr string) { ready <- "http://" + addr },
 	}
 	if tune != nil {
@@ -125,7 +125,7 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 
 // statusOf is one resource of the loop's /status, whose every answer must be valid
 // against the --json schema (whatever state the loop is in: downloading, repairing).
-func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
+func statusOf(t *testing.T, base, addr string) *view.JSONResource {
 	t.Helper()
 	resp, err := http.Get(base + "/status")
 	if err != nil {
@@ -139,7 +139,7 @@ func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
 	if err := schema.Validate(body); err != nil {
 		t.Errorf("/status breaks %s: %v\n%s", schema.OutputV3Name, err, body)
 	}
-	var doc agent.JSONOutput
+	var doc view.JSONOutput
 	if err := json.Unmarshal(body, &doc); err != nil {
 		t.Fatalf("/status: %v", err)
 	}
@@ -152,7 +152,7 @@ func statusOf(t *testing.T, base, addr string) *agent.JSONResource {
 	return nil
 }
 
-func field(r *agent.JSONResource, name string) string {
+func field(r *view.JSONResource, name string) string {
 	if r.Status == nil {
 		return ""
 	}
@@ -217,6 +217,7 @@ func TestServerKilledDuringADownloadIsRepairedAtOnce(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	body := make([]byte, 24<<20)
 	for i := range body {
@@ -281,10 +282,11 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=oom"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
-	var r *agent.JSONResource
+	var r *view.JSONResource
 	waitLong(t, "four failed generations", 90*time.Second, func() bool {
 		r = statusOf(t, base, "server.qwen")
 		return field(r, "failure 4") != ""
@@ -347,10 +349,11 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
-	var r *agent.JSONResource
+	var r *view.JSONResource
 	waitLong(t, "three deaths after a verified launch", 90*time.Second, func() bool {
 		r = statusOf(t, base, "server.qwen")
 		return field(r, "failure 3") != ""
@@ -387,6 +390,7 @@ func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},
@@ -423,6 +427,7 @@ func TestBackoffAfterAVerifiedRepairStillReportsHealthy(t *testing.T) {
 	t.Parallel()
 	fake := testbin.FakeSGLang(t)
 	root := t.TempDir()
+	testbin.NoLeaks(t, root)
 	t.Cleanup(func() { testbin.KillServers(root) })
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "settle=200ms"},

@@ -38,6 +38,7 @@ func agent(t *testing.T, want int, args ...string) string {
 // file, and kills it when the test ends (this test started it).
 func startFake(t *testing.T, dir string, port int, args ...string) *exec.Cmd {
 	t.Helper()
+	testbin.NoLeaks(t, dir)
 	fake := testbin.FakeSGLang(t)
 	log, err := os.Create(filepath.Join(dir, fmt.Sprintf("server-%d.log", port)))
 	if err != nil {

@@ -38,6 +38,12 @@ type File struct {
 	Header http.Header
 	// Source is what the manifest records as the origin (a repository commit); URL if empty.
 	Source string
+	// Mirrors are URLs of the same file on hosts that already hold it (any static file
+	// server over a verified download), asked in order before URL. Each copy is verified
+	// against SHA256 or GitBlob exactly as the URL's would be, so a file with neither has
+	// no mirrors. Plain http is allowed to any host: nothing a mirror sends is trusted
+	// before it verifies. Header never goes to a mirror of another origin.
+	Mirrors []string
 }
 
 func (f File) source() string {
@@ -204,9 +210,16 @@ type FileResult struct {
 	Stolen int
 	// ResumedFrom is the partial offset the first attempt resumed from (0: from scratch).
 	ResumedFrom int64
-	// Fetched counts body bytes received for this file in this call.
-	Fetched int64
-	Err     error
+	// Fetched counts body bytes received for this file in this call; OriginBytes those of
+	// them that came from URL rather than a mirror.
+	Fetched, OriginBytes int64
+	// From is the URL the file was downloaded from this call: a mirror's or URL; empty
+	// when nothing was downloaded.
+	From string
+	// MirrorErrors says why each mirror tried before From was passed over (a miss, an
+	// error, a copy that did not verify).
+	MirrorErrors []error
+	Err          error
 }
 
 // Result reports a Fetch, one FileResult per File in the given order.
@@ -339,7 +352,8 @@ func (r *run) processErr(ctx context.Context, t *task) error {
 }
 
 // checkSpace compares the bytes still missing with the free space of Dest's filesystem.
-// Files to be re-verified count as present; unknown sizes count as zero.
+// Files to be re-verified count as present; unknown sizes count as zero here, and each is
+// checked alone once its size is learned.
 func (r *run) checkSpace(tasks []*task) error {
 	if r.opts.FreeSpaceMargin < 0 {
 		return nil
@@ -351,7 +365,13 @@ func (r *run) checkSpace(tasks []*task) error {
 		}
 		missing += t.f.Size - r.resumableOffset(t)
 	}
-	if missing == 0 {
+	return r.checkFree(missing)
+}
+
+// checkFree fails with ErrNoSpace unless missing bytes plus the margin fit on Dest's
+// filesystem.
+func (r *run) checkFree(missing int64) error {
+	if missing == 0 || r.opts.FreeSpaceMargin < 0 {
 		return nil
 	}
 	var st unix.Statfs_t

@@ -19,6 +19,7 @@ type sidecar struct {
 	ETag      string `json:"etag,omitempty"`
 	Size      int64  `json:"size"` // expected total, -1 unknown
 	SHA256    string `json:"sha256,omitempty"`
+	From      string `json:"from,omitempty"` // the URL ETag belongs to (a mirror's); URL if empty
 	Offset    int64  `json:"offset"`
 	HashState []byte `json:"hash_state"`
 }
@@ -32,6 +33,7 @@ type partialState struct {
 	off   int64  // bytes hashed (and written)
 	ckOff int64  // offset of the last checkpoint written
 	etag  string // ETag the bytes came with
+	from  string // the URL etag belongs to
 	size  int64  // expected total, -1 unknown
 	fd    *os.File
 }
@@ -83,7 +85,11 @@ func (r *run) readCheckpoint(f File) (*partialState, bool) {
 	if h.(encoding.BinaryUnmarshaler).UnmarshalBinary(sc.HashState) != nil {
 		return nil, false
 	}
-	return &partialState{h: h, off: sc.Offset, ckOff: sc.Offset, etag: sc.ETag, size: sc.Size}, true
+	from := sc.From
+	if from == "" {
+		from = sc.URL
+	}
+	return &partialState{h: h, off: sc.Offset, ckOff: sc.Offset, etag: sc.ETag, size: sc.Size, from: from}, true
 }
 
 // resumableOffset is how many bytes of f a resume would keep.
@@ -128,7 +134,7 @@ func (r *run) checkpoint(f File, st *partialState) error {
 	}
 	data, err := json.Marshal(sidecar{
 		Version: sidecarVersion, URL: f.URL, ETag: st.etag, Size: st.size,
-		SHA256: f.SHA256, Offset: st.off, HashState: state,
+		SHA256: f.SHA256, From: st.from, Offset: st.off, HashState: state,
 	})
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)

@@ -1,6 +1,7 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -57,9 +58,10 @@ type rangedSidecar struct {
 	ETag       string  `json:"etag,omitempty"`
 	Size       int64   `json:"size"`
 	SHA256     string  `json:"sha256,omitempty"`
-	Piece      int64   `json:"piece"`  // the unit Done counts: a block (a whole piece before work stealing)
-	Layout     string  `json:"layout"` // ties the live record to this layout
-	Done       []int64 `json:"done"`   // durable bytes of each block, from its start
+	From       string  `json:"from,omitempty"` // the URL ETag belongs to (a mirror's); URL if empty
+	Piece      int64   `json:"piece"`          // the unit Done counts: a block (a whole piece before work stealing)
+	Layout     string  `json:"layout"`         // ties the live record to this layout
+	Done       []int64 `json:"done"`           // durable bytes of each block, from its start
 	HashOffset int64   `json:"hash_offset"`
 	HashState  []byte  `json:"hash_state"`
 }
@@ -171,7 +173,7 @@ func (rf *rangedFile) contiguous() int64 {
 // the single stream.
 func (r *run) downloadPieces(ctx context.Context, t *task) error {
 	restarts := 0
-	budget := &retryBudget{r: r}
+	budget := r.budget(t)
 	for {
 		err := r.downloadRanged(ctx, t)
 		if err == nil || ctx.Err() != nil {
@@ -188,6 +190,8 @@ func (r *run) downloadPieces(ctx context.Context, t *task) error {
 			}
 			t.single = true
 			return errNoRanges
+		case errors.As(err, &re) && t.mirror:
+			return err // this mirror's copy is not the file: the next source keeps the bytes
 		case errors.As(err, &re) && restarts <= r.opts.Retries:
 			restarts++
 			t.fr.Restarts++
@@ -314,6 +318,11 @@ func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error
 		rf.block, rf.blocks = sc.Piece, len(sc.Done)
 		rf.written = append([]int64(nil), sc.Done...)
 		rf.hashOff, rf.hashState, rf.etag = sc.HashOffset, sc.HashState, sc.ETag
+		if from := cmp.Or(sc.From, sc.URL); from != t.src {
+			// Bytes of another source: kept (the hash judges them), but its ETag says
+			// nothing about this one.
+			rf.etag, rf.sc.ETag, rf.sc.From = "", "", t.src
+		}
 		layoutID, _ := hex.DecodeString(sc.Layout)
 		if ls, ok := r.readLive(rf.l.live, layoutID, rf.blocks); ok {
 			for i, w := range ls.written {
@@ -345,6 +354,9 @@ func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error
 			return nil, err
 		}
 		t.total.Store(size)
+		if err := r.checkFree(size); err != nil {
+			return nil, &permanentError{err}
+		}
 		if size == 0 || (rf.first == nil && size <= r.pieceSize(size)) {
 			// Nothing to share between connections: one stream, as a file of this size
 			// declared in the plan would be.
@@ -361,7 +373,7 @@ func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error
 	rf.hashState = state
 	layoutID := make([]byte, layoutIDBytes)
 	rand.Read(layoutID)
-	rf.sc = rangedSidecar{Version: rangedVersion, URL: t.f.URL, Size: size, SHA256: t.f.SHA256,
+	rf.sc = rangedSidecar{Version: rangedVersion, URL: t.f.URL, From: t.src, Size: size, SHA256: t.f.SHA256,
 		Piece: rf.block, Layout: hex.EncodeToString(layoutID), Done: make([]int64, rf.blocks), HashState: state}
 	fd, err := r.root.OpenFile(rf.l.partial, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
 	if err != nil {
@@ -631,7 +643,7 @@ func (rf *rangedFile) work(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	budget := &retryBudget{r: rf.r}
+	budget := rf.r.budget(rf.t)
 	buf := make([]byte, copyBufferSize)
 	tries := 1
 	var sinceCk int64 // bytes this worker received since its last checkpoint
@@ -706,7 +718,7 @@ func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, since
 		defer first.cancel(nil)
 		resp = first.resp
 	} else {
-		u := rf.t.f.URL
+		u := rf.t.src
 		cached = rf.signed.Load()
 		if cached != nil {
 			u = *cached
@@ -731,13 +743,13 @@ func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, since
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 		rf.signed.Store(nil)
-		se := statusErrorOf(resp, rf.t.f.URL)
+		se := statusErrorOf(resp, rf.t.src)
 		if cached != nil {
 			se.Redirected = true // the file's URL was not asked this time
 		}
 		return se
 	}
-	if final := resp.Request.URL.String(); final != rf.t.f.URL {
+	if final := resp.Request.URL.String(); final != rf.t.src {
 		rf.signed.Store(&final)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
@@ -955,7 +967,7 @@ func (r *run) rangeClient(t *task) (*http.Client, *fileTransport) {
 		if len(via) >= 10 {
 			return errors.New("stopped after 10 redirects")
 		}
-		return checkURL(req.URL, r.opts.Insecure)
+		return checkURL(req.URL, r.opts.Insecure || t.mirror)
 	}
 	return &c, ft
 }
@@ -996,7 +1008,7 @@ func (r *run) learnSize(ctx context.Context, t *task, hc *http.Client) (int64, *
 	if size, ok := r.headSize(ctx, t, hc); ok {
 		return size, nil, nil
 	}
-	budget := &retryBudget{r: r}
+	budget := r.budget(t)
 	for tries := 1; ; tries++ {
 		size, first, err := r.probeSize(ctx, t, hc)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNoRanges) || permanent(err) {
@@ -1014,7 +1026,7 @@ func (r *run) learnSize(ctx context.Context, t *task, hc *http.Client) (int64, *
 func (r *run) headSize(ctx context.Context, t *task, hc *http.Client) (int64, bool) {
 	hctx, cancel := context.WithTimeout(ctx, r.opts.StallTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(hctx, http.MethodHead, t.f.URL, nil)
+	req, err := http.NewRequestWithContext(hctx, http.MethodHead, t.src, nil)
 	if err != nil {
 		return 0, false
 	}
@@ -1041,7 +1053,7 @@ func (r *run) probeSize(ctx context.Context, t *task, hc *http.Client) (int64, *
 		want = min(want, r.opts.PieceSize)
 	}
 	pctx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(pctx, http.MethodGet, t.f.URL, nil)
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, t.src, nil)
 	if err != nil {
 		cancel(nil)
 		return 0, nil, fmt.Errorf("request: %w", err)
@@ -1072,9 +1084,9 @@ func (r *run) probeSize(ctx context.Context, t *task, hc *http.Client) (int64, *
 		if v := resp.Header.Get("Content-Range"); v == "bytes */0" {
 			return fail(errNoRanges)
 		}
-		return fail(statusErrorOf(resp, t.f.URL))
+		return fail(statusErrorOf(resp, t.src))
 	default:
-		return fail(statusErrorOf(resp, t.f.URL))
+		return fail(statusErrorOf(resp, t.src))
 	}
 	cs, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
 	switch {

@@ -492,3 +492,21 @@ func TestStraggler(t *testing.T) {
 		})
 	}
 }
+
+// TestFreeSpaceCheckedOnceLearned: a file of unknown size is checked against the free space
+// once its size is learned, before a byte of it is fetched.
+func TestFreeSpaceCheckedOnceLearned(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	f := add(s, "model.bin", content(4<<20, 96))
+	f.Size = -1
+	opts := rangedOptions(t.TempDir())
+	opts.FreeSpaceMargin = 1 << 60 // no filesystem has this much free
+	_, err := fetch.Fetch(t.Context(), []fetch.File{f}, opts)
+	if !errors.Is(err, fetch.ErrNoSpace) {
+		t.Fatalf("Fetch: %v, want ErrNoSpace", err)
+	}
+	if st := s.Stats("/model.bin"); st.GETs != 0 {
+		t.Errorf("%d GETs though the space check failed (stats %+v)", st.GETs, st)
+	}
+}

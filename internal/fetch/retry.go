@@ -137,15 +137,26 @@ func (r *run) retryWait(n int, err error) time.Duration {
 type retryBudget struct {
 	r        *run
 	failures int
+	// mirror: a failure without a byte since the last one gives the mirror up at once
+	// (down, missing the file, busy): the next source is tried without a wait.
+	mirror bool
 }
+
+// budget is a fresh retry budget for t's current source.
+func (r *run) budget(t *task) *retryBudget { return &retryBudget{r: r, mirror: t.mirror} }
 
 // next decides after a failed attempt: nil to try again (after waiting), or the final error.
 func (b *retryBudget) next(ctx context.Context, err error, progressed bool, attempts int) error {
 	// A file that arrived whole but wrong made no progress, however many bytes it took.
-	if progressed && !errors.Is(err, ErrChecksum) && !errors.Is(err, ErrSize) {
+	progress := progressed && !errors.Is(err, ErrChecksum) && !errors.Is(err, ErrSize)
+	if progress {
 		b.failures = 0
 	}
-	if b.failures >= b.r.opts.Retries {
+	limit := b.r.opts.Retries
+	if b.mirror && !progress {
+		limit = 0
+	}
+	if b.failures >= limit {
 		if b.failures > 0 {
 			return fmt.Errorf("giving up after %d attempts, the last %d without a byte: %w", attempts, b.failures+1, err)
 		}

@@ -29,6 +29,11 @@ type task struct {
 	status FileStatus
 	// single: fetch as one stream (the server ignored a range request).
 	single bool
+	// src is the URL asked now: a mirror's copy of the file, or the file's own URL.
+	// f.URL stays the file's identity (sidecars) and the origin its Header goes to.
+	src string
+	// mirror: src is a mirror's (a failure moves on to the next source).
+	mirror bool
 
 	state atomic.Int32 // FileState
 	done  atomic.Int64 // bytes in the partial file (or hashed while verifying)
@@ -56,8 +61,38 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-// download transfers t's file into place, resuming and retrying as needed.
+// download transfers t's file into place from its mirrors, in order, then from its own URL:
+// a mirror that misses the file, fails without sending a byte, or sends a file that does
+// not verify is passed over for this file only. Bytes a mirror wrote before it failed are
+// kept for the next source (the file's sha256 or git blob id judges them at the end, as it
+// judges every byte); a file that does not verify is discarded whole.
 func (r *run) download(ctx context.Context, t *task) error {
+	for _, m := range t.f.Mirrors {
+		t.src, t.mirror, t.single = m, true, false
+		err := r.downloadFrom(ctx, t)
+		if err == nil {
+			t.fr.From = m
+			return nil
+		}
+		var pe *permanentError
+		if ctx.Err() != nil || errors.As(err, &pe) {
+			return err // a full disk, a manifest that cannot be written: not the mirror's fault
+		}
+		t.fr.MirrorErrors = append(t.fr.MirrorErrors, fmt.Errorf("mirror %s: %w", redact(m), err))
+	}
+	t.src, t.mirror, t.single = t.f.URL, false, false
+	before := t.recv.Load()
+	err := r.downloadFrom(ctx, t)
+	t.fr.OriginBytes = t.recv.Load() - before
+	if err != nil {
+		return err
+	}
+	t.fr.From = t.f.URL
+	return nil
+}
+
+// downloadFrom transfers t's file from t.src, resuming and retrying as needed.
+func (r *run) downloadFrom(ctx context.Context, t *task) error {
 	l := layoutOf(t.f.Name)
 	if l.dir != "." {
 		if err := r.root.MkdirAll(l.dir, 0o755); err != nil {
@@ -86,11 +121,16 @@ func (r *run) download(ctx context.Context, t *task) error {
 	defer release()
 
 	restarts := 0
-	budget := &retryBudget{r: r}
+	budget := r.budget(t)
 	for {
 		st, err := r.loadPartial(t.f)
 		if err != nil {
 			return err
+		}
+		if st.from != t.src {
+			// Bytes of another source: kept (the hash judges them), but its ETag says
+			// nothing about this one.
+			st.etag, st.from = "", t.src
 		}
 		if t.fr.Attempts == 0 {
 			t.fr.ResumedFrom = st.off
@@ -108,6 +148,8 @@ func (r *run) download(ctx context.Context, t *task) error {
 		var re *restartError
 		var pe *permanentError
 		switch {
+		case errors.As(err, &re) && t.mirror:
+			return err // this mirror's copy is not the file: the next source
 		case errors.As(err, &re) && restarts <= r.opts.Retries:
 			restarts++
 			t.fr.Restarts++
@@ -132,7 +174,7 @@ func (r *run) attempt(ctx context.Context, t *task, st *partialState, partAbs st
 	stopWatch := r.watchStall(actx, cancel, last)
 	defer stopWatch()
 
-	req, err := grab.NewRequest(partAbs, t.f.URL)
+	req, err := grab.NewRequest(partAbs, t.src)
 	if err != nil {
 		return fmt.Errorf("request: %w", err)
 	}
@@ -254,7 +296,7 @@ func (r *run) beforeCopy(t *task, st *partialState, resp *grab.Response) error {
 			}
 			t.fr.Restarts++
 		}
-		*st = partialState{h: sha256.New(), size: t.f.Size, etag: etag}
+		*st = partialState{h: sha256.New(), size: t.f.Size, etag: etag, from: t.src}
 		if st.size < 0 {
 			st.size = hr.ContentLength
 		}
@@ -516,7 +558,7 @@ func (r *run) httpClient(t *task, last *lastByte) (*http.Client, *fileTransport)
 		if len(via) >= 10 {
 			return errors.New("stopped after 10 redirects")
 		}
-		return checkURL(req.URL, r.opts.Insecure)
+		return checkURL(req.URL, r.opts.Insecure || t.mirror)
 	}
 	return &c, ft
 }
@@ -554,7 +596,7 @@ func (ft *fileTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ft.last.touch()
 	if resp.StatusCode >= 400 {
-		ft.status.Store(statusErrorOf(resp, ft.t.f.URL))
+		ft.status.Store(statusErrorOf(resp, ft.t.src))
 	}
 	if ft.plain {
 		return resp, nil

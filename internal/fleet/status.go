@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/view"
 )
 
 // Summary is what a host publishes under <prefix>/hosts/<hostname>: enough for a fleet
@@ -43,7 +44,7 @@ type InFlight struct {
 
 // SummaryOf summarises a status report and the members in flight. red redacts what a
 // status may quote (errors can carry a plan's secret).
-func SummaryOf(host, version string, rep *agent.Report, inFlight map[string]agent.InFlightMember, red *agent.Redactor) Summary {
+func SummaryOf(host, version string, rep *agent.Report, inFlight map[string]agent.InFlightMember, red *view.Redactor) Summary {
 	s := Summary{Host: host, Version: version, Healthy: true, Resources: []ResourceSummary{}, Rollouts: []InFlight{}}
 	if rep != nil {
 		for _, st := range rep.Steps {

@@ -24,6 +24,7 @@ func freePort(t *testing.T) int { return testbin.FreePort(t) }
 // line, and kills whatever is left at the end of the test.
 func options(t *testing.T, faults string, extra ...string) (*Lifecycle, LaunchOptions) {
 	t.Helper()
+	testbin.NoLeaks(t) // before killMarked's clean-up: it judges what that leaves
 	port := freePort(t)
 	marker := "AGENT_TEST_MARKER=" + t.Name() + strconv.Itoa(port)
 	o := LaunchOptions{

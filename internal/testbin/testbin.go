@@ -194,11 +194,15 @@ func Servers(dir string) map[int]string {
 	return found
 }
 
-// KillServers SIGKILLs the servers of Servers(dir) and their process groups: a
-// test's cleanup, so that a failed test leaves nothing running.
+// KillServers SIGKILLs the servers of Servers(dir) and their process groups, and waits
+// (up to 10 s) until they are gone: a test's cleanup, so that a failed test leaves
+// nothing running.
 func KillServers(dir string) {
 	for pid := range Servers(dir) {
 		syscall.Kill(-pid, syscall.SIGKILL)
 		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(Servers(dir)) > 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,5 +103,45 @@ func TestServersFindsOnlyThisTestsMarkedProcesses(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("KillServers left the server running")
+	}
+}
+
+// NoLeaks finds a process by what it holds under the test's directory (here its working
+// directory, with a HOME elsewhere: the case the old clean-up missed), kills it, and
+// fails the test; with nothing left it passes.
+func TestNoLeaksFindsKillsAndFails(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "state", "home")
+	os.MkdirAll(sub, 0o755)
+	p := exec.Command("sleep", "300")
+	p.Dir = sub
+	p.Env = []string{"HOME=/nonexistent"}
+	p.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { p.Wait(); close(done) }()
+	left := Leftovers(dir)
+	if len(left) != 1 || left[0].PID != p.Process.Pid || !strings.Contains(left[0].Why, "cwd") {
+		t.Fatalf("Leftovers = %v, want pid %d by its cwd", left, p.Process.Pid)
+	}
+	err := KillLeft(dir)
+	if err == nil || !strings.Contains(err.Error(), strconv.Itoa(p.Process.Pid)) {
+		t.Fatalf("KillLeft = %v, want an error naming pid %d", err, p.Process.Pid)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leftover was not killed")
+	}
+	if err := KillLeft(dir); err != nil {
+		t.Errorf("nothing left, yet: %v", err)
+	}
+	// The test's own process holds files under its directory; it is never counted.
+	f, _ := os.Create(filepath.Join(dir, "held"))
+	defer f.Close()
+	if left := Leftovers(dir); len(left) != 0 {
+		t.Errorf("Leftovers counted this process: %v", left)
 	}
 }

@@ -192,6 +192,7 @@ func TestChaos(t *testing.T) {
 
 	root := repoRoot(t)
 	work := t.TempDir()
+	testbin.NoLeaks(t, work)
 	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 
 	// The plan: the quickstart as it is, plus the chaos download.

@@ -78,6 +78,7 @@ func TestChaosContainer(t *testing.T) {
 	}
 
 	work := t.TempDir()
+	testbin.NoLeaks(t, work)
 	agentBin := testbin.Agent(t)
 
 	planSrc, err := os.ReadFile("testdata/container.hcl")

@@ -60,6 +60,7 @@ func TestChaosRun(t *testing.T) {
 
 	root := repoRoot(t)
 	work := t.TempDir()
+	testbin.NoLeaks(t, work)
 	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 	planDir := filepath.Join(work, "plan")
 	must(t, os.MkdirAll(planDir, 0o755))

@@ -48,6 +48,7 @@ func must(t *testing.T, err error) {
 func TestShellMetacharactersReachTheServerAsOneArgument(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
+	testbin.NoLeaks(t, home)
 	t.Cleanup(func() { testbin.KillServers(home) })
 	pwned := filepath.Join(home, "PWNED")
 	nasty := `x"; touch ` + pwned + `; echo '$(touch ` + pwned + `)' ` + "`touch " + pwned + "`" + ` && rm -rf / || true # $HOME * ? [a] {b,c} > out < in | cat \`
@@ -125,6 +126,7 @@ server "s" {
 func TestSymlinks(t *testing.T) {
 	t.Parallel()
 	home := t.TempDir()
+	testbin.NoLeaks(t, home)
 	t.Cleanup(func() { testbin.KillServers(home) })
 	content := []byte(`{"model_type":"qwen3_next"}` + "\n")
 	sum := sha256.Sum256(content)

@@ -180,6 +180,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 	if err := os.WriteFile(planFile, []byte(plan(ports)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	testbin.NoLeaks(t, work)
 	t.Cleanup(func() { testbin.KillServers(work) }) // servers' HOME: <state>/home
 
 	command := func(args ...string) *exec.Cmd {

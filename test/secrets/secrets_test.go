@@ -77,6 +77,7 @@ func TestPlantedSecretsAppearNowhere(t *testing.T) {
 	must(t, os.WriteFile(planFile, []byte(plan), 0o644))
 	badFile := filepath.Join(work, "bad.hcl")
 	must(t, os.WriteFile(badFile, []byte(badPlan), 0o644))
+	testbin.NoLeaks(t, work)
 	t.Cleanup(func() { testbin.KillServers(work) }) // servers' HOME: <state>/home
 
 	var transcript bytes.Buffer // everything the agent printed

@@ -1,8 +1,10 @@
-package agent
+package view
 
 import (
 	"encoding/json"
 	"strings"
+
+	"github.com/agent-dev/agent/agent"
 )
 
 // LogChanges is a diff's changes as one log attribute: why a resource is about to be
@@ -11,7 +13,7 @@ import (
 // 30001 (restart: identity changed)`); a JSON log as a list of the --json output's change
 // objects. A sensitive change names its attribute, effect and reason, never its values;
 // the log's redacting handler remains the backstop for values that quote a secret.
-type LogChanges []Change
+type LogChanges []agent.Change
 
 // maxLogValue bounds one rendered value in a log line: file content or a long list says
 // nothing more after a line's worth.
@@ -49,7 +51,7 @@ func (l LogChanges) MarshalJSON() ([]byte, error) {
 
 // logChange is one change on one line: the attribute, its values unless sensitive, then
 // its effect and reason.
-func logChange(c Change) string {
+func logChange(c agent.Change) string {
 	var b strings.Builder
 	b.WriteString(c.Attr)
 	switch {
@@ -73,7 +75,7 @@ func logChange(c Change) string {
 }
 
 func logValue(v any) string {
-	s := Render(v)
+	s := agent.Render(v)
 	if r := []rune(s); len(r) > maxLogValue {
 		s = string(r[:maxLogValue]) + "…"
 	}

@@ -1,4 +1,4 @@
-package agent
+package view
 
 import (
 	"bytes"
@@ -6,18 +6,20 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/agent-dev/agent/agent"
 )
 
 // A diff's changes in the journal: the text log reads one line, the JSON log a list of
 // --json's change objects; a sensitive value appears in neither, its attribute in both.
 func TestLogChanges(t *testing.T) {
 	changes := LogChanges{
-		{Attr: `env["HF_TOKEN"]`, Old: "hf_old_secret", New: "hf_new_secret", HasOld: true, HasNew: true, Sensitive: true, Effect: Restarts, Reason: ReasonIdentity},
-		Set(`flags["mem-fraction-static"]`, 0.85, 0.8).Because(Restarts, ReasonIdentity),
-		Added(`flags["tp-size"]`, 2).Because(Restarts, ReasonIdentity),
-		Set("argv", CommandLine{"sglang", "--port", "1"}, CommandLine{"sglang", "--port", "2"}).Because(Restarts, ReasonIdentity),
-		Removed("pid", Raw("pid 12 is gone")).Because(Restarts, ReasonGone),
-		Set("content", strings.Repeat("x", 500), "y"),
+		{Attr: `env["HF_TOKEN"]`, Old: "hf_old_secret", New: "hf_new_secret", HasOld: true, HasNew: true, Sensitive: true, Effect: agent.Restarts, Reason: agent.ReasonIdentity},
+		agent.Set(`flags["mem-fraction-static"]`, 0.85, 0.8).Because(agent.Restarts, agent.ReasonIdentity),
+		agent.Added(`flags["tp-size"]`, 2).Because(agent.Restarts, agent.ReasonIdentity),
+		agent.Set("argv", agent.CommandLine{"sglang", "--port", "1"}, agent.CommandLine{"sglang", "--port", "2"}).Because(agent.Restarts, agent.ReasonIdentity),
+		agent.Removed("pid", agent.Raw("pid 12 is gone")).Because(agent.Restarts, agent.ReasonGone),
+		agent.Set("content", strings.Repeat("x", 500), "y"),
 	}
 	var text bytes.Buffer
 	slog.New(slog.NewTextHandler(&text, nil)).Info("applying", "changes", changes)
@@ -39,10 +41,10 @@ func TestLogChanges(t *testing.T) {
 	if len(rec.Changes) != len(changes) {
 		t.Fatalf("JSON log has %d changes, want %d: %s", len(rec.Changes), len(changes), js.String())
 	}
-	if c := rec.Changes[0]; c.Attribute != `env["HF_TOKEN"]` || !c.Sensitive || c.Old != nil || c.New != nil || c.Effect != Restarts || c.Reason != ReasonIdentity {
+	if c := rec.Changes[0]; c.Attribute != `env["HF_TOKEN"]` || !c.Sensitive || c.Old != nil || c.New != nil || c.Effect != agent.Restarts || c.Reason != agent.ReasonIdentity {
 		t.Errorf("sensitive change in JSON = %+v", c)
 	}
-	if c := rec.Changes[1]; c.Old != 0.85 || c.New != 0.8 || c.Reason != ReasonIdentity {
+	if c := rec.Changes[1]; c.Old != 0.85 || c.New != 0.8 || c.Reason != agent.ReasonIdentity {
 		t.Errorf("flag change in JSON = %+v", c)
 	}
 	for _, out := range []string{text.String(), js.String()} {

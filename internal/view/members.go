@@ -1,14 +1,16 @@
-package agent
+package view
 
 import (
 	"sort"
 	"strings"
+
+	"github.com/agent-dev/agent/agent"
 )
 
 // members prints, after the status of a plan whose resources live on cluster members
 // (Status.Member), one line per member with its resources and their health: the fleet
 // view of a cluster plan. A plan without members prints nothing more.
-func (v *View) members(rep *Report) {
+func (v *View) members(rep *agent.Report) {
 	byMember := map[string][]string{}
 	for _, st := range rep.Steps {
 		if st.Err != nil || st.Status == nil {

@@ -1,0 +1,328 @@
+// Package view is what people and machines read of the engine's work: the human
+// rendering of plan, apply, destroy and status reports (View), the versioned --json
+// document (JSON), a diff's changes in the log (LogChanges), the redaction of secrets
+// from all of them (Redactor, RedactingHandler), and the drawing of long work's progress
+// (Progress). It is fed only the engine's typed data: Reports, Events and Progress.
+// The engine knows nothing of terminals or formats; a kind reports what it does as data
+// and never prints.
+package view
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+)
+
+// View renders reports for people.
+type View struct {
+	W io.Writer
+	// Term, when not nil, is the interactive terminal where long work's progress is
+	// drawn as bars redrawn in place (WorkProgress): stderr when stdout is a terminal.
+	Term   io.Writer
+	Redact *Redactor
+	// mu keeps lines whole: progress (Progress, WorkProgress) comes from the goroutine
+	// of the step that reports it, beside the engine's events.
+	mu sync.Mutex
+	// bars is how many lines of bars each resource has on the terminal now.
+	bars map[string]int
+}
+
+func (v *View) printf(format string, args ...any) {
+	line := v.Redact.String(fmt.Sprintf(format, args...))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	fmt.Fprint(v.W, line)
+}
+
+// Progress prints where a long step of addr stands, between its start and done events
+// ("  … server.qwen: stopping pid 4711, 10 s of 30 s, SIGTERM sent; 1 process left").
+func (v *View) Progress(addr, what string) {
+	v.printf("  … %s: %s\n", addr, what)
+}
+
+// Plan prints the diff of a plan run, terraform-style.
+func (v *View) Plan(rep *agent.Report) {
+	changed := 0
+	for _, st := range rep.Steps {
+		v.moved(st)
+		if st.Err != nil {
+			v.printf("  ! %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
+			continue
+		}
+		if st.Diff.Action == agent.NoOp {
+			v.warnings(st)
+			continue
+		}
+		changed++
+		v.diff(st)
+	}
+	for _, r := range rep.Rollouts {
+		if r.Disruptions.Total() > 0 {
+			v.printf("  %s\n", r)
+		}
+	}
+	s := rep.Summary()
+	switch {
+	case rep.Failed():
+		v.printf("\nPlan incomplete: %d resources could not be observed.\n", countErrs(rep))
+	case changed == 0:
+		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
+	default:
+		v.printf("\nPlan: %s.\n", s)
+	}
+}
+
+func countErrs(rep *agent.Report) int {
+	n := 0
+	for _, st := range rep.Steps {
+		if st.Err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// moved says that a moved block renames the resource (its record moves; nothing restarts).
+func (v *View) moved(st *agent.Step) {
+	if st.MovedFrom != "" {
+		v.printf("  %s has moved to %s (its record moves; nothing restarts)\n", st.MovedFrom, st.Addr)
+	}
+}
+
+func (v *View) warnings(st *agent.Step) {
+	for _, w := range st.Diff.Warnings {
+		v.printf("  ! %s: %s\n", st.Addr, w)
+	}
+}
+
+// diff prints one resource's changes.
+func (v *View) diff(st *agent.Step) {
+	d := st.Diff
+	v.printf("  %s %s (%s)\n", d.Action.Symbol(), st.Addr, d.Action)
+	for _, c := range d.Changes {
+		v.printf("      %s\n", changeLine(c))
+		for _, l := range changeMore(c) {
+			v.printf("            %s\n", l)
+		}
+		if c.Text != "" && !c.Sensitive {
+			for _, line := range strings.Split(strings.TrimRight(c.Text, "\n"), "\n") {
+				v.printf("          %s\n", line)
+			}
+		}
+	}
+	for _, w := range d.Warnings {
+		v.printf("      ! %s\n", w)
+	}
+}
+
+// changeMore is what a change shows below its line: a command line's flags, one per
+// line (all of them when it appears, the ones that differ when it changes).
+func changeMore(c agent.Change) []string {
+	if c.Sensitive {
+		return nil
+	}
+	o, oldCmd := c.Old.(agent.CommandLine)
+	n, newCmd := c.New.(agent.CommandLine)
+	switch {
+	case c.HasOld && c.HasNew && oldCmd && newCmd:
+		return commandLineDiff(o, n)
+	case c.HasNew && !c.HasOld && newCmd:
+		return commandLines(n)
+	case c.HasOld && !c.HasNew && oldCmd:
+		return commandLines(o)
+	}
+	return nil
+}
+
+func changeLine(c agent.Change) string {
+	if !c.Sensitive && len(changeMore(c)) > 0 {
+		// The lines below say it all; the head says what kind of change it is.
+		sym := map[bool]string{true: "+", false: "~"}[!c.HasOld]
+		if !c.HasNew {
+			sym = "-"
+		}
+		line := sym + " " + c.Attr
+		if note := noteOf(c); note != "" {
+			line += "  (" + note + ")"
+		}
+		return line
+	}
+	sym := "~"
+	switch {
+	case c.HasNew && !c.HasOld:
+		sym = "+"
+	case c.HasOld && !c.HasNew:
+		sym = "-"
+	}
+	old, new := agent.Render(c.Old), agent.Render(c.New)
+	var val string
+	switch {
+	case c.Sensitive:
+		// One word for both sides: "(sensitive) → (sensitive)" says nothing more, and
+		// the symbol already says whether it is added, changed or removed.
+		val = "(sensitive)"
+	case c.HasOld && c.HasNew:
+		val = old + " → " + new
+	case c.HasNew:
+		val = new
+	case c.HasOld:
+		val = old
+	}
+	line := sym + " " + c.Attr
+	if val != "" {
+		line += ": " + val
+	}
+	if note := noteOf(c); note != "" {
+		line += "  (" + note + ")"
+	}
+	return strings.TrimRight(line, " ")
+}
+
+// noteOf is what the human view says after a change: the kind's note, else what its
+// effect means when that is more than an in-place change.
+func noteOf(c agent.Change) string {
+	if c.Note != "" {
+		return c.Note
+	}
+	switch c.EffectOf() {
+	case agent.Restarts:
+		return "restart"
+	case agent.Replaces:
+		return "forces replacement"
+	case agent.Deletes:
+		return c.Why().Describe()
+	}
+	return ""
+}
+
+// errLine is an error as shown after "ADDR: ": without the address it already starts with.
+func errLine(addr string, err error) string {
+	return strings.TrimPrefix(err.Error(), addr+": ")
+}
+
+// ApplyEvent prints one apply event as it happens.
+func (v *View) ApplyEvent(ev agent.Event) {
+	st := ev.Step
+	switch ev.Phase {
+	case agent.PhaseStart:
+		v.diff(st)
+		v.printf("  … %s: %s\n", st.Addr, progressive(st.Diff.Action))
+	case agent.PhaseDone:
+		switch {
+		case st.Err != nil:
+			var re *agent.RolloutError
+			if errors.As(st.Err, &re) {
+				v.printf("  - %s: skipped: %s\n", st.Addr, re.Error())
+			} else if cause, ok := st.Skipped(); ok {
+				v.printf("  - %s: skipped, because %s failed\n", st.Addr, cause)
+			} else {
+				v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
+			}
+		case st.Applied:
+			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
+		}
+	case agent.PhaseFinished:
+		v.printf("  ✓ %s: finished and verified: %s\n", st.Addr, st.Finished)
+	}
+}
+
+// ApplySummary prints the closing line of an apply.
+func (v *View) ApplySummary(rep *agent.Report) { v.summary(rep, "Apply") }
+
+// DestroySummary prints the closing line of agent destroy.
+func (v *View) DestroySummary(rep *agent.Report) { v.summary(rep, "Destroy") }
+
+func (v *View) summary(rep *agent.Report, verb string) {
+	applied, failed, skipped := 0, 0, 0
+	for _, st := range rep.Steps {
+		switch {
+		case st.Err != nil:
+			if _, ok := st.Skipped(); ok {
+				skipped++
+			} else {
+				failed++
+			}
+		case st.Applied:
+			applied++
+		}
+		if st.Diff != nil && st.Err == nil {
+			v.warnings(st)
+		}
+	}
+	finished := 0
+	for _, st := range rep.Steps {
+		if st.Finished != "" {
+			finished++
+		}
+	}
+	switch {
+	case failed > 0:
+		v.printf("\n%s failed: %d changed, %d failed, %d skipped.\n", verb, applied, failed, skipped)
+	case applied == 0 && finished > 0:
+		v.printf("\n%s complete: %d finished (make before break), all verified; nothing else changed.\n", verb, finished)
+	case applied == 0:
+		v.printf("No changes. The host matches the plan (%d resources).\n", len(rep.Steps))
+	default:
+		v.printf("\n%s complete: %d changed, all verified; %d unchanged.\n", verb, applied, len(rep.Steps)-applied)
+	}
+}
+
+func progressive(a agent.Action) string {
+	switch a {
+	case agent.Create:
+		return "creating"
+	case agent.Update:
+		return "updating"
+	case agent.Restart:
+		return "restarting"
+	case agent.Replace:
+		return "replacing"
+	case agent.Delete:
+		return "deleting"
+	}
+	return string(a)
+}
+
+func past(a agent.Action) string {
+	switch a {
+	case agent.Create:
+		return "created"
+	case agent.Update:
+		return "updated"
+	case agent.Restart:
+		return "restarted"
+	case agent.Replace:
+		return "replaced"
+	case agent.Delete:
+		return "deleted"
+	}
+	return string(a)
+}
+
+// Status prints live status: one line per resource, then its fields.
+func (v *View) Status(rep *agent.Report) {
+	for _, st := range rep.Steps {
+		switch {
+		case st.Err != nil:
+			v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
+			continue
+		case st.Status.Healthy:
+			v.printf("  ✓ %s: %s\n", st.Addr, st.Status.Summary)
+		default:
+			v.printf("  ! %s: %s\n", st.Addr, st.Status.Summary)
+		}
+		width := 0
+		for _, f := range st.Status.Fields {
+			width = max(width, len(f.Name))
+		}
+		for _, f := range st.Status.Fields {
+			v.printf("      %-*s  %s\n", width, f.Name, f.Text)
+		}
+	}
+	v.members(rep)
+}
