@@ -237,6 +237,11 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	log = slog.New(view.NewRedactingHandler(log.Handler(), red))
 	human := &view.View{W: stdout, Redact: red}
 	if diags.HasErrors() {
+		if cmd == "status" && !o.smoke {
+			if code, ok := statusWithoutPlan(o.stateDir, p, diags, o.json, stdout, stderr, red); ok {
+				return code
+			}
+		}
 		return invalid(cmd, p, diags, o.json, stdout, stderr)
 	}
 	if cmd == "validate" {
