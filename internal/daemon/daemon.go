@@ -250,6 +250,12 @@ func Run(ctx context.Context, cfg Config) error {
 		d.notify.stopping()
 		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
 	}
+	leave, err := d.joinFleet(ctx)
+	if err != nil {
+		d.notify.stopping()
+		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
+	}
+	defer leave()
 	changed, closeWatch := d.watch(ctx)
 	defer closeWatch()
 	go d.watchdog(ctx)
