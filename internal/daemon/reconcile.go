@@ -351,7 +351,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 			d.metrics.repairs.WithLabelValues(addr).Inc()
 			d.metrics.repairTime.WithLabelValues(addr).Observe(took.Seconds())
 			d.log.Info("converged", "resource", addr, "action", string(st.Diff.Action), "time_to_repair", took.Round(time.Millisecond).String())
-			if !rs.verified.IsZero() && start.Sub(rs.verified) < stable {
+			if !rs.verified.IsZero() && start.Sub(rs.verified) < stable && died(st.Diff) {
 				// It was verified moments ago and had to be repaired already: a crash
 				// loop, whose next repair waits its backoff. Each generation's quote
 				// (the Check's warnings name its log's failure) goes to the history.
@@ -446,6 +446,20 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	rs.inFlight, rs.phase = false, ""
 	d.mu.Unlock()
 	d.publish()
+}
+
+// died reports whether a repair was needed because what the agent launched died or went
+// unhealthy on its own: only such a death, soon after a verified launch, is a crash. A
+// planned relaunch (the plan changed: a restart or an update the agent chose) is not,
+// however soon it comes: it neither counts a failure nor arms a backoff.
+func died(d *agent.Diff) bool {
+	for _, c := range d.Changes {
+		switch c.Why() {
+		case agent.ReasonGone, agent.ReasonUnhealthy:
+			return true
+		}
+	}
+	return false
 }
 
 // warnings is the diff's warnings (a dead server's log failure), for a failure's record.
