@@ -109,7 +109,7 @@ type Container struct {
 	stopTimeout  time.Duration
 	secretConf   func(key string) bool // config[key] derives from a sensitive variable: never shown
 
-	host    Host
+	host    Machine
 	clients *sync.Map // Incus socket path → *incus.Client, shared by its views (liveView)
 	base    string    // the plan's instance name, when name is its migration pair (container_migrate.go)
 
@@ -128,7 +128,7 @@ func (k *Container) sensitiveConfig(key string) bool {
 }
 
 // ContainerKind is the `container` resource kind, acting on h.
-func ContainerKind(h Host) agent.Kind {
+func ContainerKind(h Machine) agent.Kind {
 	k := agent.NewKind("container", func(r *plans.Resource, c *ContainerConfig) (agent.Resource, hcl.Diagnostics) {
 		res, diags := bindContainer(r, c)
 		if res != nil {

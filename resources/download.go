@@ -110,7 +110,7 @@ var (
 )
 
 // DownloadKind is the `download` resource kind.
-func DownloadKind(h Host) agent.Kind {
+func DownloadKind(h Machine) agent.Kind {
 	k := agent.NewKind("download", func(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
 		res, diags := bindDownload(r, c)
 		if d, ok := res.(*Download); ok && d != nil {
@@ -545,7 +545,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 		return fmt.Errorf("dest: %w", err)
 	}
 	res, ferr := fetch.Fetch(ctx, files, opts)
-	rep.finish()
+	rep.end()
 	logSources(env, d.mirrors, res)
 	if ferr != nil && d.hub != nil {
 		ferr = hubFetchError(ferr, d.hub, tokenSent)

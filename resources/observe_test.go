@@ -39,7 +39,7 @@ func TestCheckWritesNothing(t *testing.T) {
 	t.Run("nvidia_driver", func(t *testing.T) {
 		t.Parallel()
 		root := fakeRoot(t, tree570)
-		h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
+		h := Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
 		dir := t.TempDir()
 		store := openStore(t, filepath.Join(dir, ".state"))
 		if d := checkWritesNothing(t, dir, `nvidia_driver "host" { version = "570.172.08" }`, KindsFor(h), store, "nvidia_driver.host"); d.Action != agent.NoOp {
@@ -125,7 +125,7 @@ func TestCheckWritesNothing(t *testing.T) {
 		t.Parallel()
 		h := newCtrHarness(t)
 		src := fmt.Sprintf("variable \"incus_socket\" {}\nagent { incus_socket = var.incus_socket }\ncontainer \"c\" {\n  name = %q\n  image = \"busybox\"\n}\n", h.name)
-		if d := checkWritesNothing(t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, "container.c", "incus_socket="+h.d.Socket); d.Action != agent.Create {
+		if d := checkWritesNothing(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, "container.c", "incus_socket="+h.d.Socket); d.Action != agent.Create {
 			t.Errorf("diff %+v, want a create", d)
 		}
 	})
@@ -135,7 +135,7 @@ func TestCheckWritesNothing(t *testing.T) {
 func (h *srvHarness) checkWritesNothing() *agent.Diff {
 	h.t.Helper()
 	vars := []string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}
-	return checkWritesNothing(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, "server.qwen", vars...)
+	return checkWritesNothing(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, "server.qwen", vars...)
 }
 
 // checkWritesNothing binds src and runs addr's Check with its record read-only, failing

@@ -82,7 +82,7 @@ const (
 // readiness is never touched, whatever its output looks like.
 type Server struct {
 	addr, name     string
-	host           Host
+	host           Machine
 	container      string    // the Incus instance it runs in; "" on the host
 	place          string    // "host" or "container NAME": part of the identity
 	retiringPlace  string    // in a view (liveView): the place of the instance a migration retires
@@ -124,7 +124,7 @@ type serverFlag struct {
 }
 
 // ServerKind is the `server` resource kind, acting on h.
-func ServerKind(h Host) agent.Kind {
+func ServerKind(h Machine) agent.Kind {
 	k := agent.NewKind("server", func(r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
 		return bindServer(h, r, c)
 	})

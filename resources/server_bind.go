@@ -25,7 +25,7 @@ var signals = map[string]syscall.Signal{
 
 // bindServer checks a server block beyond its types and returns the Server: its
 // command and place, its paths, and its ready, stop and smoke_test blocks.
-func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
+func bindServer(h Machine, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
 	b := &binder{r: r}
 	s := &Server{
 		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env, clients: new(sync.Map),
