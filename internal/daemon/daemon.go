@@ -98,6 +98,9 @@ type Config struct {
 	// StopProgress is how often a stop that waits for a server to exit is logged
 	// (DefaultStopProgress when zero).
 	StopProgress time.Duration
+	// ProgressEvery is how often long work (a download) logs where it stands: bytes,
+	// rate, ETA (view.DefaultProgressEvery when zero).
+	ProgressEvery time.Duration
 	// Version is the agent's version, for the start line; StartAttrs are what the caller
 	// adds to it (whether servers run in systemd units: the loop knows no kind).
 	Version    string
@@ -111,7 +114,9 @@ type Daemon struct {
 	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  notifier
 	metrics *metrics
-	queue   *workQueue
+	// progress says when long work's next progress line is due in the log.
+	progress view.ProgressLines
+	queue    *workQueue
 	// work is the workers' context: it ends only after the stop grace.
 	work context.Context
 
@@ -186,6 +191,7 @@ func (rs *resState) stopWatch() {
 func Run(ctx context.Context, cfg Config) error {
 	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
+	d.progress.Every = cfg.ProgressEvery
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}

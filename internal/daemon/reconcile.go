@@ -80,11 +80,14 @@ func (d *Daemon) hold(addr string) error {
 }
 
 // engineOptions are the loop engine's options: the configured ones, with the daemon's
-// log and hold.
+// log, hold and progress lines.
 func (d *Daemon) engineOptions() agent.Options {
 	opts := d.cfg.Engine
 	opts.Log = d.log
 	opts.Hold = d.hold
+	if opts.Progress == nil {
+		opts.Progress = d.logProgress
+	}
 	return opts
 }
 

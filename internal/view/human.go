@@ -22,14 +22,18 @@ import (
 type View struct {
 	W io.Writer
 	// Term, when not nil, is the interactive terminal where long work's progress is
-	// drawn as bars redrawn in place (WorkProgress): stderr when stdout is a terminal.
-	Term   io.Writer
-	Redact *Redactor
+	// drawn as bars redrawn in place (WorkProgress); nil: progress is a line on W every
+	// ProgressEvery (DefaultProgressEvery when zero).
+	Term          io.Writer
+	ProgressEvery time.Duration
+	Redact        *Redactor
 	// mu keeps lines whole: progress (Progress, WorkProgress) comes from the goroutine
 	// of the step that reports it, beside the engine's events.
 	mu sync.Mutex
 	// bars is how many lines of bars each resource has on the terminal now.
 	bars map[string]int
+	// lines says when progress is due as a line, without a terminal.
+	lines ProgressLines
 }
 
 func (v *View) printf(format string, args ...any) {
