@@ -568,6 +568,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 		e.rolloutFailed(ctx, addr, err)
 		return err
 	}
+	e.forgetDestroyed(addr)
 	after, err := e.observe(ctx, addr)
 	if err != nil {
 		err = fmt.Errorf("%w (while verifying the apply)", err)

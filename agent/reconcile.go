@@ -99,6 +99,9 @@ func (e *Engine) StatusOf(ctx context.Context, addr string, d *Diff) *Step {
 		e.orphanStatus(ctx, st)
 		return st
 	}
+	if e.destroyedStatus(ctx, st) {
+		return st
+	}
 	if s, ok := e.resources[addr].(Statuser); ok {
 		st.Err = e.guard(ctx, addr, "status", func(ctx context.Context) error {
 			var err error

@@ -53,7 +53,7 @@ fi
 # Fuzz executions without failure.
 total=0
 detail=()
-for target in plans:FuzzLoad internal/sglang:FuzzParseLine internal/proc:FuzzParseStat internal/incus:FuzzDecodeResponse resources:FuzzHubList; do
+for target in plans:FuzzLoad internal/engines:FuzzParseLine internal/proc:FuzzParseStat internal/incus:FuzzDecodeResponse resources:FuzzHubList; do
 	pkg=${target%%:*} name=${target##*:}
 	# A duration-limited run can end in a bare "context deadline exceeded" with no failing
 	# input, a race in Go 1.26's fuzz coordinator (golang/go#75804), not a finding: it

@@ -1,6 +1,8 @@
 package resources
 
 import (
+	"bytes"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -86,7 +88,15 @@ func TestDownloadHubFromMirror(t *testing.T) {
 	data[100] ^= 0xff
 	os.WriteFile(bad, data, 0o644)
 	host3 := t.TempDir()
-	mustApply(t, engine(t, host3, withMirror()))
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	mustApply(t, testEngine(t, host3, withMirror(), Kinds(), openStore(t, filepath.Join(host3, ".state")), agent.Options{Log: log}, "root="+host3))
+	for _, want := range []string{`msg="mirror passed over" resource=download.model file=model-00002-of-00002.safetensors`, "checksum mismatch",
+		"files_from_mirrors=3 files_from_origin=1 origin_bytes=204800"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log %q: want %q", logs.String(), want)
+		}
+	}
 	for _, f := range h.files {
 		if f.path != "README.md" && !strings.HasPrefix(f.path, "original/") {
 			wantContent(t, filepath.Join(host3, "models", "m", f.path), f.data)

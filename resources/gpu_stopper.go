@@ -56,7 +56,7 @@ func (s serverStopper) StopGPUServers(ctx context.Context, stateDir string, gpuP
 		if rec.Place != "" && rec.Place != "host" {
 			port = 0
 		}
-		lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: s.proc}, GPU: s.gpu}
+		lc := &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: s.proc}, GPU: s.gpu}
 		// The server's own stop block, as recorded at launch (the kind's defaults for a
 		// record written before the agent recorded it).
 		sig, timeout := syscall.Signal(rec.StopSignal), rec.StopTimeout

@@ -24,10 +24,10 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/cmdline"
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/sglang"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -169,7 +169,7 @@ func bindServer(h Host, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl
 		flagsSensitive: func(k string) bool { return r.SensitiveKey("flags", k) },
 		argvSensitive:  r.SensitiveAny("flags"),
 	}
-	s.place = lifecycle.Host{}.Place()
+	s.place = lifecycle.Local{}.Name()
 	if c.Container != nil {
 		s.container = *c.Container
 		s.place = lifecycle.IncusPlace(s.container)
@@ -437,11 +437,11 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 	h := s.host.withDefaults()
 	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
 	if !inContainer {
-		return &lifecycle.Lifecycle{Runner: lifecycle.Host{Proc: h.Proc}, GPU: h.GPU}, nil
+		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil
 	}
 	r := s.incusRunner(env, name)
 	c := r.Client
-	lc := &lifecycle.Lifecycle{Runner: r, GPU: h.GPU}
+	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
 	if place != s.place || s.absent {
 		return lc, nil // observed and stopped only
 	}
@@ -474,18 +474,18 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 
 // hostPath is where the agent reads rec's log: through its place's lifecycle when
 // that is lc's, on the host for a host record; "" when it cannot be read.
-func hostPath(lc *lifecycle.Lifecycle, rec *serverRecord) string {
+func hostPath(ctx context.Context, lc *lifecycle.Lifecycle, rec *serverRecord) string {
 	if rec.LogPath == "" {
 		return ""
 	}
-	if lc != nil && lc.Runner.Place() == rec.Place {
-		p, err := lc.Runner.HostPath(rec.LogPath)
+	if lc != nil && lc.Place.Name() == rec.Place {
+		p, err := lc.Place.HostPath(ctx, rec.LogPath)
 		if err != nil {
 			return ""
 		}
 		return p
 	}
-	if rec.Place == (lifecycle.Host{}).Place() || rec.Place == "" {
+	if rec.Place == (lifecycle.Local{}).Name() || rec.Place == "" {
 		return rec.LogPath
 	}
 	return ""
@@ -715,7 +715,7 @@ type serverDetail struct {
 // Check observes the recorded process in /proc and its readiness, and the port.
 func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	if s.absent {
-		return s.checkAbsent(env)
+		return s.checkAbsent(ctx, env)
 	}
 	s = s.liveView(env)
 	var rec serverRecord
@@ -735,7 +735,7 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	// PIDs and start times in the namespace the record names (server_remote.go).
 	alive := false
 	if has {
-		if alive, err = s.recordProcs(env, &rec).Alive(rec.id()); err != nil {
+		if alive, err = s.recordProcs(ctx, env, &rec).Alive(ctx, rec.id()); err != nil {
 			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}
 	}
@@ -810,7 +810,7 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		c := agent.Set("process", agent.Raw(fmt.Sprintf("pid %d (generation %d) is gone", rec.PID, rec.Generation)), agent.Raw("a new generation"))
 		c.Note = "relaunch"
 		d.Add(c.Because(agent.Restarts, agent.ReasonGone))
-		if p := hostPath(lc, &rec); p != "" {
+		if p := hostPath(ctx, lc, &rec); p != "" {
 			if f, ok := lifecycle.Failure(p); ok {
 				d.Warnings = append(d.Warnings, fmt.Sprintf("generation %d's log shows %s", rec.Generation, f))
 			}
@@ -830,15 +830,15 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		d.Warnings = append(d.Warnings, fmt.Sprintf("%v yet: the server is launched in it once it does", missing))
 		return d, nil
 	}
-	procs := lc.Runner.Procs()
+	procs := lc.Place.Procs(ctx)
 	if s.port == 0 {
 		return d, nil
 	}
-	owner, err := s.portHolder(procs, det.prev)
+	owner, err := s.portHolder(ctx, procs, det.prev)
 	if err != nil || owner == nil {
 		return d, err
 	}
-	if s.matches(procs, owner) {
+	if s.matches(ctx, procs, owner) {
 		if peer := recordedElsewhere(env, owner); peer != "" {
 			d.Warnings = append(d.Warnings, fmt.Sprintf("port %d is held by pid %d, which runs this server's command line but is recorded as %s's: not adopted (two records never name one process); write moved { from = %s  to = %s } to rename it without a restart",
 				s.port, owner.PID, peer, peer, s.addr))
@@ -861,7 +861,7 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 			adopt.SID = owner.Session
 		}
 		adopt.LaunchedAt = time.Time{}
-		if st, err := procStart(procs, owner.StartTicks); err == nil {
+		if st, err := procStart(ctx, procs, owner.StartTicks); err == nil {
 			adopt.LaunchedAt = st
 		}
 		// Adopted here, in Check: recording a fact the agent just proved (this PID, with
@@ -877,7 +877,7 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		}
 		return d, err
 	}
-	desc := describeProc(procs, owner.PID)
+	desc := describeProc(ctx, procs, owner.PID)
 	if !s.takeover {
 		return nil, fmt.Errorf("port %d is held by %s, which this agent did not start and which does not run this server's command line; it was not touched: stop it yourself, or set takeover = true to let the agent stop it", s.port, desc)
 	}
@@ -944,7 +944,7 @@ func (s *Server) notReady(ctx context.Context, lc *lifecycle.Lifecycle, rec *ser
 	if s.ready.LogLine != "" && rec.LogPath != "" && rec.ReadyAt.IsZero() {
 		// A generation's log only grows: once its launch saw the line (ReadyAt), it is
 		// there for good, however much log follows it.
-		p := hostPath(lc, rec)
+		p := hostPath(ctx, lc, rec)
 		if p == "" {
 			return "log: " + rec.LogPath + " cannot be read in " + rec.Place
 		}
@@ -993,17 +993,17 @@ func logHas(ctx context.Context, path, line string) bool {
 
 // portHolder returns the process listening on the port that is not part of the
 // previous launch (whose leftovers the stop takes care of), or nil.
-func (s *Server) portHolder(procs lifecycle.Procs, prev *serverRecord) (*proc.Stat, error) {
-	pids, err := procs.PortOwners(s.port)
+func (s *Server) portHolder(ctx context.Context, procs lifecycle.Procs, prev *serverRecord) (*proc.Stat, error) {
+	pids, err := procs.PortOwners(ctx, s.port)
 	if err != nil {
 		return nil, fmt.Errorf("port %d: %w", s.port, err)
 	}
 	for _, pid := range pids {
-		st, err := procs.Stat(pid)
+		st, err := procs.Stat(ctx, pid)
 		if err != nil || st.Dead() {
 			continue
 		}
-		if prev != nil && ours(procs, st, prev) {
+		if prev != nil && ours(ctx, procs, st, prev) {
 			continue
 		}
 		return &st, nil
@@ -1016,16 +1016,16 @@ func (s *Server) portHolder(procs lifecycle.Procs, prev *serverRecord) (*proc.St
 // leader) while the leader, alive or not yet reaped, still is. Without the leader the
 // group's number may have been reused by a foreign process (proc.FS.Stop follows the
 // same rule), and only the marker proves anything.
-func ours(procs lifecycle.Procs, st proc.Stat, rec *serverRecord) bool {
+func ours(ctx context.Context, procs lifecycle.Procs, st proc.Stat, rec *serverRecord) bool {
 	if st.StartTicks >= rec.StartTicks && ((rec.PGID != 0 && st.PGRP == rec.PGID) || (rec.SID != 0 && st.Session == rec.SID)) {
-		leader, err := procs.Stat(rec.PID)
+		leader, err := procs.Stat(ctx, rec.PID)
 		if err == nil && leader.StartTicks == rec.StartTicks &&
 			((rec.PGID != 0 && leader.PGRP == rec.PGID && st.PGRP == rec.PGID) || (rec.SID != 0 && leader.Session == rec.SID && st.Session == rec.SID)) {
 			return true
 		}
 	}
 	if rec.Marker != "" {
-		if env, err := procs.Environ(st.PID); err == nil && slices.Contains(env, rec.Marker) {
+		if env, err := procs.Environ(ctx, st.PID); err == nil && slices.Contains(env, rec.Marker) {
 			return true
 		}
 	}
@@ -1035,26 +1035,26 @@ func ours(procs lifecycle.Procs, st proc.Stat, rec *serverRecord) bool {
 // matches reports whether a process the agent did not start runs exactly this server:
 // the same argv, the declared environment, and the declared workdir when one is set.
 // It returns the stat of its topmost ancestor with the same argv (the launcher).
-func (s *Server) matches(procs lifecycle.Procs, st *proc.Stat) bool {
+func (s *Server) matches(ctx context.Context, procs lifecycle.Procs, st *proc.Stat) bool {
 	want := s.argv()
-	argv, err := procs.Cmdline(st.PID)
+	argv, err := procs.Cmdline(ctx, st.PID)
 	if err != nil || !slices.Equal(argv, want) {
 		return false
 	}
 	// Climb to the launcher: SGLang's children keep the parent's argv.
 	for st.PPID > 1 {
-		parent, err := procs.Stat(st.PPID)
+		parent, err := procs.Stat(ctx, st.PPID)
 		if err != nil || parent.Dead() {
 			break
 		}
-		pargv, err := procs.Cmdline(parent.PID)
+		pargv, err := procs.Cmdline(ctx, parent.PID)
 		if err != nil || !slices.Equal(pargv, want) {
 			break
 		}
 		*st = parent
 	}
 	if len(s.env) > 0 {
-		env, err := procs.Environ(st.PID)
+		env, err := procs.Environ(ctx, st.PID)
 		if err != nil {
 			return false
 		}
@@ -1065,11 +1065,11 @@ func (s *Server) matches(procs lifecycle.Procs, st *proc.Stat) bool {
 		}
 	}
 	if s.workdir != defaultWorkdir {
-		if cwd, err := procs.Cwd(st.PID); err != nil || cwd != s.workdir {
+		if cwd, err := procs.Cwd(ctx, st.PID); err != nil || cwd != s.workdir {
 			return false
 		}
 	}
-	return s.sameUser(procs, st.PID)
+	return s.sameUser(ctx, procs, st.PID)
 }
 
 // foreignTarget stops a process the agent did not start: its group and session only
@@ -1085,19 +1085,19 @@ func foreignTarget(st proc.Stat) proc.Target {
 	return t
 }
 
-func describeProc(procs lifecycle.Procs, pid int) string {
+func describeProc(ctx context.Context, procs lifecycle.Procs, pid int) string {
 	d := "pid " + strconv.Itoa(pid)
-	if argv, err := procs.Cmdline(pid); err == nil && len(argv) > 0 {
+	if argv, err := procs.Cmdline(ctx, pid); err == nil && len(argv) > 0 {
 		d += " " + strconv.Quote(strings.Join(argv, " "))
 	}
-	if _, uid, err := procs.UIDs(pid); err == nil {
+	if _, uid, err := procs.UIDs(ctx, pid); err == nil {
 		d += " (uid " + strconv.FormatUint(uint64(uid), 10) + ")"
 	}
 	return d
 }
 
-func procStart(procs lifecycle.Procs, ticks uint64) (time.Time, error) {
-	boot, err := procs.BootTime()
+func procStart(ctx context.Context, procs lifecycle.Procs, ticks uint64) (time.Time, error) {
+	boot, err := procs.BootTime(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -1165,7 +1165,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 		}
 		env.Log.Info("took over the port", "pid", det.takeover.Leader.PID, "result", lifecycle.Summary(rep))
 	}
-	procs := lc.Runner.Procs()
+	procs := lc.Place.Procs(ctx)
 	if s.port > 0 {
 		if err := procs.PortFree(ctx, s.port, 2*time.Second); err != nil {
 			if errors.Is(err, proc.ErrPortHeld) && !s.takeover {
@@ -1174,7 +1174,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			return fmt.Errorf("not launching: %w", err)
 		}
 	}
-	logDir, err := lc.Runner.HostPath(s.logDir)
+	logDir, err := lc.Place.HostPath(ctx, s.logDir)
 	if err != nil {
 		return err
 	}
@@ -1272,7 +1272,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return nil, err
 	}
 	if s.absent || (has && !rec.StoppedAt.IsZero()) {
-		return s.absentStatus(env, has, &rec)
+		return s.absentStatus(ctx, env, has, &rec)
 	}
 	if !has {
 		return s.unlaunchedStatus(ctx, env), nil
@@ -1282,9 +1282,9 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if err != nil && !errors.Is(err, errNoEndpoint) {
 		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil
 	}
-	procs := lc.ProcsIn(rec.PIDNS)
+	procs := lc.ProcsIn(ctx, rec.PIDNS)
 	if rec.Place != s.place {
-		procs = s.recordProcs(env, &rec)
+		procs = s.recordProcs(ctx, env, &rec)
 	}
 	// Metrics are the numbers agent run exports as agent_server_<key>{name="<name>"}.
 	st := &agent.Status{Healthy: true, Metrics: map[string]float64{
@@ -1292,12 +1292,12 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	}}
 	field := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	now := env.Now()
-	alive, err := procs.Alive(rec.id())
+	alive, err := procs.Alive(ctx, rec.id())
 	if err != nil {
 		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 	}
 	field(agent.NumberField("pid", "pid", rec.PID))
-	if t, err := procStart(procs, rec.StartTicks); err == nil {
+	if t, err := procStart(ctx, procs, rec.StartTicks); err == nil {
 		field(agent.AgeField("started_at", "started", t, now))
 	}
 	gen := strconv.Itoa(rec.Generation)
@@ -1308,7 +1308,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if r := rec.Retiring; r != nil {
 		field(agent.TextField("retiring", "retiring", fmt.Sprintf("generation %d (pid %d) in %s: a migration's old server, stopped once this one and its dependents verified", r.Generation, r.PID, r.Place)))
 	}
-	var m sglang.Metrics
+	var m engines.Metrics
 	if s.container != "" {
 		field(agent.TextField("container", "container", s.container))
 		if member := incusMember(ctx, lc); member != "" {
@@ -1318,7 +1318,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 			field(agent.TextField("endpoint", "endpoint", err.Error()))
 		}
 	}
-	logPath := hostPath(lc, &rec)
+	logPath := hostPath(ctx, lc, &rec)
 	if rec.LogPath != "" {
 		field(agent.TextField("log", "log", rec.LogPath))
 		m, err = lifecycle.ScanLog(ctx, logPath)
@@ -1344,7 +1344,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 				field(agent.TextField("last_line", "last line", tail[0]))
 			}
 		}
-		s.statusIncident(field, st, &rec, procs)
+		s.statusIncident(ctx, field, st, &rec, procs)
 		return st, nil
 	}
 	st.Metrics["up"] = 1
@@ -1383,7 +1383,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		problems = append(problems, s.launchSmokeVerdict(field, st.Metrics, &rec)...)
 	}
 	if s.smoke != nil && ready == "" && env.Probe {
-		r, err := lifecycle.RunSmoke(ctx, nil, lc.Runner.Endpoint(s.port), *s.smoke)
+		r, err := lifecycle.RunSmoke(ctx, nil, lc.Place.Endpoint(s.port), *s.smoke)
 		switch {
 		case err != nil:
 			field(agent.TextField("smoke_test", "smoke test", "no answer").WithText("no answer: " + err.Error()))
@@ -1411,24 +1411,24 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 // agent run exports (agent_server_<key>).
 var servingMetrics = []struct {
 	label, key, format string
-	get                func(*sglang.Metrics) *float64
+	get                func(*engines.Metrics) *float64
 	// field is the status field's key where key ("" for counters not exported) is not it.
 	field string
 }{
-	{"accept len", "accept_length", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptLen }, ""},
-	{"accept rate", "accept_rate", "%.2f", func(m *sglang.Metrics) *float64 { return m.AcceptRate }, ""},
-	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *sglang.Metrics) *float64 { return m.GenThroughput }, ""},
-	{"token usage", "token_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.TokenUsage }, ""},
-	{"mamba usage", "mamba_usage", "%.2f", func(m *sglang.Metrics) *float64 { return m.MambaUsage }, ""},
+	{"accept len", "accept_length", "%.2f", func(m *engines.Metrics) *float64 { return m.AcceptLen }, ""},
+	{"accept rate", "accept_rate", "%.2f", func(m *engines.Metrics) *float64 { return m.AcceptRate }, ""},
+	{"gen throughput", "gen_throughput_tokens_per_second", "%.2f token/s", func(m *engines.Metrics) *float64 { return m.GenThroughput }, ""},
+	{"token usage", "token_usage", "%.2f", func(m *engines.Metrics) *float64 { return m.TokenUsage }, ""},
+	{"mamba usage", "mamba_usage", "%.2f", func(m *engines.Metrics) *float64 { return m.MambaUsage }, ""},
 	// Counters only /metrics has.
-	{"prompt tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.PromptTokens }, "prompt_tokens"},
-	{"generation tokens", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.GenerationTokens }, "generation_tokens"},
-	{"requests", "", "%.0f", func(m *sglang.Metrics) *float64 { return m.Requests }, "requests"},
+	{"prompt tokens", "", "%.0f", func(m *engines.Metrics) *float64 { return m.PromptTokens }, "prompt_tokens"},
+	{"generation tokens", "", "%.0f", func(m *engines.Metrics) *float64 { return m.GenerationTokens }, "generation_tokens"},
+	{"requests", "", "%.0f", func(m *engines.Metrics) *float64 { return m.Requests }, "requests"},
 }
 
 // servingFields adds a status line per figure m has, keys prefixed with keyPrefix and
 // labels with prefix, and the figures with a key to metrics when metrics is not nil.
-func servingFields(field func(agent.Field), keyPrefix, prefix string, m sglang.Metrics, metrics map[string]float64) {
+func servingFields(field func(agent.Field), keyPrefix, prefix string, m engines.Metrics, metrics map[string]float64) {
 	for _, sm := range servingMetrics {
 		v := sm.get(&m)
 		if v == nil {
@@ -1446,7 +1446,7 @@ func servingFields(field func(agent.Field), keyPrefix, prefix string, m sglang.M
 }
 
 // logFields adds the log's serving figures, its queue and the time of its newest batch line.
-func logFields(field func(agent.Field), m sglang.Metrics, metrics map[string]float64) {
+func logFields(field func(agent.Field), m engines.Metrics, metrics map[string]float64) {
 	servingFields(field, "", "", m, metrics)
 	if m.RunningReqs != nil {
 		q := 0

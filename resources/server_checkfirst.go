@@ -21,7 +21,7 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
-	logDir, err := lc.Runner.HostPath(s.logDir)
+	logDir, err := lc.Place.HostPath(ctx, s.logDir)
 	if err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	}
 	running := false
 	if det.stop && det.prev != nil {
-		alive, aerr := s.recordProcs(env, det.prev).Alive(det.prev.id())
+		alive, aerr := s.recordProcs(ctx, env, det.prev).Alive(ctx, det.prev.id())
 		running = aerr == nil && alive
 	}
 	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user}

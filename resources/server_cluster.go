@@ -11,7 +11,7 @@ import (
 // status (and the member label of its metrics); "" outside a cluster or when the
 // instance cannot be read (the status says why elsewhere).
 func incusMember(ctx context.Context, lc *lifecycle.Lifecycle) string {
-	r, ok := lc.Runner.(*lifecycle.Incus)
+	r, ok := lc.Place.(*lifecycle.Incus)
 	if !ok || r.Client == nil {
 		return ""
 	}

@@ -83,7 +83,7 @@ func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error)
 // checkAbsent plans the verified stop of what the record names. Nothing recorded, or a
 // record stopped for good, is a no-op. A recorded process already dead is still a
 // delete: the stop proves that nothing of its group holds the port or GPU memory.
-func (s *Server) checkAbsent(env *agent.Env) (*agent.Diff, error) {
+func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
 	if err != nil {
@@ -97,7 +97,7 @@ func (s *Server) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 	if !has || !rec.StoppedAt.IsZero() {
 		return agent.NoChange(), nil
 	}
-	alive, err := s.recordProcs(env, &rec).Alive(rec.id())
+	alive, err := s.recordProcs(ctx, env, &rec).Alive(ctx, rec.id())
 	if err != nil {
 		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 	}
@@ -151,7 +151,7 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 
 // absentStatus is the status of a server the agent stopped for good, or that the plan
 // wants absent.
-func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*agent.Status, error) {
+func (s *Server) absentStatus(ctx context.Context, env *agent.Env, has bool, rec *serverRecord) (*agent.Status, error) {
 	st := &agent.Status{Healthy: s.absent, Metrics: map[string]float64{"up": 0, "ready": 0, "generation": float64(rec.Generation)}}
 	field := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	switch {
@@ -159,7 +159,7 @@ func (s *Server) absentStatus(env *agent.Env, has bool, rec *serverRecord) (*age
 		st.Summary = "absent: nothing recorded, nothing launched by this agent"
 		return st, nil
 	case rec.StoppedAt.IsZero():
-		alive, err := s.recordProcs(env, rec).Alive(rec.id())
+		alive, err := s.recordProcs(ctx, env, rec).Alive(ctx, rec.id())
 		if err != nil {
 			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}

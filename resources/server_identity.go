@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"context"
 	"github.com/agent-dev/agent/internal/lifecycle"
 )
 
@@ -10,7 +11,7 @@ import (
 // on a flag change. Inside a container, uids are the container's mapped ones and the
 // user is checked by the container's own launch; there the argv, environment and
 // workdir decide.
-func (s *Server) sameUser(procs lifecycle.Procs, pid int) bool {
+func (s *Server) sameUser(ctx context.Context, procs lifecycle.Procs, pid int) bool {
 	if s.container != "" {
 		return true
 	}
@@ -18,6 +19,6 @@ func (s *Server) sameUser(procs lifecycle.Procs, pid int) bool {
 	if err != nil {
 		return false
 	}
-	real, eff, err := procs.UIDs(pid)
+	real, eff, err := procs.UIDs(ctx, pid)
 	return err == nil && real == want && eff == want
 }

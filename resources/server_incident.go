@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -43,7 +44,7 @@ func (s *Server) statusInFlight(field func(agent.Field), rec *serverRecord) []st
 // statusIncident adds to the status of a generation that is gone: why the agent stopped
 // it, with the lines it quoted from its log, and who holds the port now (after PID
 // reuse, or a foreign server started in its place).
-func (s *Server) statusIncident(field func(agent.Field), st *agent.Status, rec *serverRecord, procs lifecycle.Procs) {
+func (s *Server) statusIncident(ctx context.Context, field func(agent.Field), st *agent.Status, rec *serverRecord, procs lifecycle.Procs) {
 	if f := rec.Failure; f != nil {
 		st.Summary = fmt.Sprintf("generation %d was stopped by the agent at %s: %s", rec.Generation, f.At.Format("2006-01-02 15:04:05"), f.Reason)
 		if i := strings.Index(f.Verdict, ":"); i > 0 {
@@ -56,11 +57,11 @@ func (s *Server) statusIncident(field func(agent.Field), st *agent.Status, rec *
 	if s.port <= 0 {
 		return
 	}
-	holder, err := s.portHolder(procs, rec)
+	holder, err := s.portHolder(ctx, procs, rec)
 	if err != nil || holder == nil {
 		return
 	}
-	desc := describeProc(procs, holder.PID)
+	desc := describeProc(ctx, procs, holder.PID)
 	field(agent.TextField("port_holder", "port", fmt.Sprintf("%d is held by %s, not by this server", s.port, desc)))
 	st.Summary += fmt.Sprintf("; port %d is held by %s", s.port, desc)
 }

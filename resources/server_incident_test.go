@@ -99,7 +99,7 @@ func TestStatusRunsNoSmokeTestUnlessAsked(t *testing.T) {
 	t.Parallel()
 	h := newSrvHarness(t)
 	mustOK(t, h.apply())
-	lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{}}
+	lc := &lifecycle.Lifecycle{Place: lifecycle.Local{}}
 	requests := func() float64 {
 		m, err := lc.Metrics(context.Background(), h.port)
 		if err != nil || m.Requests == nil {

@@ -40,12 +40,12 @@ func (s *Server) incusRunner(env *agent.Env, name string) *lifecycle.Incus {
 // is one, and reads as it always did); inside rec's container, through Incus, for a
 // PID of a container on another member, where a container that restarted since holds
 // nothing of it.
-func (s *Server) recordProcs(env *agent.Env, rec *serverRecord) lifecycle.Procs {
+func (s *Server) recordProcs(ctx context.Context, env *agent.Env, rec *serverRecord) lifecycle.Procs {
 	name, ok := cutIncusPlace(rec.Place)
 	if rec.PIDNS == "" || !ok {
-		return s.host.Proc
+		return lifecycle.HostProcs(s.host.Proc)
 	}
-	return s.incusRunner(env, name).ProcsIn(rec.PIDNS)
+	return s.incusRunner(env, name).ProcsIn(ctx, rec.PIDNS)
 }
 
 // watchRecord blocks until rec's process exits (nil) or ctx ends: by pidfd for a host
@@ -98,7 +98,7 @@ func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, 
 	}
 	st := found[0]
 	p.PID, p.StartTicks, p.PGID, p.SID, p.PIDNS = st.PID, st.StartTicks, st.PGRP, st.Session, ns
-	if boot, err := r.ProcsIn(ns).BootTime(); err == nil {
+	if boot, err := r.ProcsIn(ctx, ns).BootTime(ctx); err == nil {
 		p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
 	}
 	env.Log.Warn("adopting the launch of an agent that stopped before recording it",

@@ -116,7 +116,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	// One look inside (an exec through the cluster), for the figures.
 	look := time.Now()
 	r := &lifecycle.Incus{Client: m2.Client, Instance: h.name, Remote: true}
-	if ok, err := r.ProcsIn(first.PIDNS).Alive(first.id()); err != nil || !ok {
+	if ok, err := r.ProcsIn(context.Background(), first.PIDNS).Alive(context.Background(), first.id()); err != nil || !ok {
 		t.Errorf("Alive(%v) inside = %v, %v", first.id(), ok, err)
 	}
 	t.Logf("one look inside took %s", time.Since(look).Round(time.Millisecond))

@@ -19,18 +19,18 @@ func (s *Server) unlaunchedStatus(ctx context.Context, env *agent.Env) *agent.St
 	if err != nil || lc == nil {
 		return st
 	}
-	procs := lc.Runner.Procs()
-	owner, err := s.portHolder(procs, nil)
+	procs := lc.Place.Procs(ctx)
+	owner, err := s.portHolder(ctx, procs, nil)
 	if err != nil || owner == nil {
 		return st
 	}
 	holder := *owner
-	if s.matches(procs, &holder) {
+	if s.matches(ctx, procs, &holder) {
 		st.Summary = fmt.Sprintf("not launched by this agent yet; port %d is held by pid %d, which runs this server's command line (the next plan adopts it)", s.port, holder.PID)
 		return st
 	}
 	st.Summary = fmt.Sprintf("not launched by this agent yet; port %d is held by a process it did not start", s.port)
-	st.Fields = append(st.Fields, agent.TextField("port_holder", "port holder", describeProc(procs, owner.PID)))
+	st.Fields = append(st.Fields, agent.TextField("port_holder", "port holder", describeProc(ctx, procs, owner.PID)))
 	if s.takeover {
 		st.Fields = append(st.Fields, agent.BoolField("takeover", "takeover", true).WithText("true: apply stops it, verified, then launches this server"))
 	} else {

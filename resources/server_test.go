@@ -578,7 +578,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits)
 		sh.Wait() // the leader's PID is free; the child keeps its group and session
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if ours(fs, child, rec) {
+		if ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a process in a group whose leader is gone was taken for the launch's")
 		}
 	})
@@ -587,7 +587,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits, marker)
 		sh.Wait()
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if !ours(fs, child, rec) {
+		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a leftover carrying the launch's marker was not taken for the launch's")
 		}
 	})
@@ -599,7 +599,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := &serverRecord{PID: leader.PID, StartTicks: leader.StartTicks, PGID: leader.PGRP, SID: leader.Session}
-		if !ours(fs, child, rec) {
+		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
 			t.Error("a child in the live leader's group was not taken for the launch's")
 		}
 	})
@@ -638,7 +638,7 @@ func TestLogLineReadinessSurvivesAGrowingLog(t *testing.T) {
 			t.Parallel()
 			s := &Server{ready: lifecycle.Ready{LogLine: "Application startup complete."}}
 			rec := &serverRecord{Generation: 1, LogPath: write(t, tc.log...), Place: "host", ReadyAt: tc.readyAt}
-			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Runner: lifecycle.Host{}}, rec)
+			why := s.notReady(context.Background(), &lifecycle.Lifecycle{Place: lifecycle.Local{}}, rec)
 			if (why == "") != tc.ready {
 				t.Errorf("notReady = %q, want ready %v", why, tc.ready)
 			}
@@ -668,7 +668,7 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 	if err := h.store.Save("server.qwen", &held); err != nil {
 		t.Fatal(err)
 	}
-	lc := &lifecycle.Lifecycle{Runner: lifecycle.Host{}}
+	lc := &lifecycle.Lifecycle{Place: lifecycle.Local{}}
 	x, err := lc.Launch(context.Background(), lifecycle.LaunchOptions{
 		Name: "qwen", LogDir: h.logs(), KeepLogs: 5, Generation: 2, Port: h.port,
 		Spec:  lifecycle.Spec{Argv: first.Argv, Env: first.Env, Workdir: first.Workdir, Marker: marker},

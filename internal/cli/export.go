@@ -79,7 +79,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if *asJSON {
 		out := struct {
-			*export.Host
+			*export.Observation
 			Plan string `json:"plan"`
 		}{h, string(src)}
 		enc := json.NewEncoder(stdout)

@@ -4,7 +4,7 @@
 // internal/gpu, and the Incus REST API for instances. It never signals a process and
 // never writes to Incus.
 //
-// Observe gathers a Host; Render turns it into formatted HCL, checked against the same
+// Observe gathers an Observation; Render turns it into formatted HCL, checked against the same
 // loader and binder `agent validate` uses: a block that would not validate (a download
 // whose origin is unknown, a kind this agent cannot express yet) is written commented
 // out, with the reason, so the output always validates.

@@ -33,8 +33,8 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Host is one observation of a host: what Render writes, and the JSON view.
-type Host struct {
+// Observation is one look at a host: what Render writes, and the JSON view.
+type Observation struct {
 	FormatVersion int         `json:"format_version"`
 	Hostname      string      `json:"hostname"`
 	ObservedAt    time.Time   `json:"observed_at"`
@@ -55,12 +55,12 @@ type Driver struct {
 
 // Observe looks at the host. Parts that cannot be observed (no driver, no Incus socket)
 // become notes, not errors; an error means the host could not be read at all.
-func Observe(ctx context.Context, o Options) (*Host, error) {
+func Observe(ctx context.Context, o Options) (*Observation, error) {
 	now := time.Now
 	if o.Now != nil {
 		now = o.Now
 	}
-	h := &Host{FormatVersion: FormatVersion, Hostname: o.Hostname, ObservedAt: now().UTC(),
+	h := &Observation{FormatVersion: FormatVersion, Hostname: o.Hostname, ObservedAt: now().UTC(),
 		Containers: []Container{}, Servers: []Server{}, Weights: []Weights{}, Notes: []string{}}
 	if h.Hostname == "" {
 		name, err := os.Hostname()

@@ -216,7 +216,7 @@ func TestExportIncus(t *testing.T) {
 			t.Errorf("server-owned key exported: %s", k)
 		}
 	}
-	src, err := export.Render(&export.Host{Hostname: "kpro6", Containers: []export.Container{*got}})
+	src, err := export.Render(&export.Observation{Hostname: "kpro6", Containers: []export.Container{*got}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestExportIncus(t *testing.T) {
 // container; the block is live when this agent supports servers in containers, and
 // commented out with the reason until then, so the export still validates.
 func TestExportServerInContainer(t *testing.T) {
-	h := &export.Host{Hostname: "kpro6",
+	h := &export.Observation{Hostname: "kpro6",
 		Containers: []export.Container{{Name: "sglang", Image: "busybox", Profiles: []string{"default"}, Running: true,
 			Devices: map[string]map[string]string{"models": {"type": "disk", "source": "/srv/models/Q", "path": "/models", "readonly": "true"}}}},
 		Servers: []export.Server{{Engine: export.EngineSGLang, PID: 4242, Container: "sglang", Canonical: true,

@@ -13,7 +13,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/cmdline"
-	"github.com/agent-dev/agent/internal/serverlog"
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -23,9 +23,9 @@ const FileName = "export.hcl"
 
 // Server readiness by engine: the endpoint and the log line that say the server is up.
 var readiness = map[string][2]string{
-	EngineSGLang:   {"/health", serverlog.ReadyLine(serverlog.SGLang)},
-	EngineVLLM:     {"/health", serverlog.ReadyLine(serverlog.VLLM)},
-	EngineLlamaCPP: {"/health", serverlog.ReadyLine(serverlog.LlamaCPP)},
+	EngineSGLang:   {"/health", engines.ReadyLine(engines.SGLang)},
+	EngineVLLM:     {"/health", engines.ReadyLine(engines.VLLM)},
+	EngineLlamaCPP: {"/health", engines.ReadyLine(engines.LlamaCPP)},
 }
 
 // segment is one top-level block of the output, with the comment above it.
@@ -39,7 +39,7 @@ type segment struct {
 // Render writes h as a formatted plan. Each block is checked as `agent validate` would
 // check it; one that does not validate is commented out with the reason, so the result
 // always validates.
-func Render(h *Host) ([]byte, error) {
+func Render(h *Observation) ([]byte, error) {
 	segs := segments(h)
 	for pass := 0; pass < 8; pass++ {
 		src := join(segs, nil)
@@ -254,7 +254,7 @@ func label(s string) string {
 	return out
 }
 
-func segments(h *Host) []segment {
+func segments(h *Observation) []segment {
 	var segs []segment
 	head := []string{
 		fmt.Sprintf("Exported by `agent export` from host %s at %s.", h.Hostname, h.ObservedAt.Format("2006-01-02 15:04:05Z")),
@@ -397,7 +397,7 @@ func joinInts(l []int) string {
 	return strings.Join(s, ", ")
 }
 
-func serverSegment(h *Host, s Server) segment {
+func serverSegment(h *Observation, s Server) segment {
 	name := strings.ReplaceAll(s.Engine, ".", "_")
 	if s.Port > 0 {
 		name = fmt.Sprintf("%s_%d", name, s.Port)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agent-dev/agent/internal/sglang"
+	"github.com/agent-dev/agent/internal/engines"
 )
 
 // decodeLines counts the "Decode batch" lines the fake has logged so far.
@@ -37,7 +37,7 @@ func TestWedgedEngineFrontEndStillAnswers(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launchEnv(t, []string{"SGLANG_HEALTH_CHECK_TIMEOUT=2"}, "wedge", append(flags(t), "--enable-metrics")...)
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 
 	if code, _, err := get(ctx, p.url("/health")); err != nil || code != http.StatusOK {
 		t.Fatalf("/health on a wedged engine = %d, %v; want the front end's 200", code, err)
@@ -89,7 +89,7 @@ func TestSIGUSR1Wedges(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launchEnv(t, []string{"SGLANG_HEALTH_CHECK_TIMEOUT=1"}, "", flags(t)...)
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	if code, _, err := get(ctx, p.url("/health_generate")); err != nil || code != http.StatusOK {
 		t.Fatalf("/health_generate before the wedge = %d, %v; want 200", code, err)
 	}
@@ -117,7 +117,7 @@ func TestBusyEngineProgresses(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "busy=1500ms", flags(t)...)
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	lines := p.decodeLines()
 	start := time.Now()
 	code, _, err := get(ctx, p.url("/health_generate"))

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agent-dev/agent/internal/sglang"
+	"github.com/agent-dev/agent/internal/engines"
 )
 
 // The flags of the field report's host.
@@ -34,7 +34,7 @@ func TestReadyServesAndReportsMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "", flags(t)...)
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 
 	if code, _, err := get(ctx, p.url("/health")); err != nil || code != http.StatusOK {
 		t.Fatalf("/health = %d, %v; want 200", code, err)
@@ -57,7 +57,7 @@ func TestReadyServesAndReportsMetrics(t *testing.T) {
 	p.waitLog(ctx, t, "Decode batch, ")
 	log := p.logText()
 	order := []string{"server_args=ServerArgs(", "Load weight begin.", "Load weight end.", "KV Cache is allocated.",
-		"Capture cuda graph begin.", "Capture cuda graph end.", "Uvicorn running on http://127.0.0.1:" + strconv.Itoa(p.port), sglang.ReadyLine}
+		"Capture cuda graph begin.", "Capture cuda graph end.", "Uvicorn running on http://127.0.0.1:" + strconv.Itoa(p.port), engines.SGLangReadyLine}
 	at := 0
 	for _, s := range order {
 		i := strings.Index(log[at:], s)
@@ -66,14 +66,14 @@ func TestReadyServesAndReportsMetrics(t *testing.T) {
 		}
 		at += i
 	}
-	m, err := sglang.ScanMetrics(ctx, strings.NewReader(log))
+	m, err := engines.ScanMetrics(ctx, strings.NewReader(log))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !m.Ready || m.AcceptLen == nil || *m.AcceptLen != 3.88 || m.AcceptRate == nil || *m.AcceptRate != 0.97 || m.MambaUsage == nil || m.GenThroughput == nil {
 		t.Errorf("metrics from the log: ready %v accept len %v rate %v mamba %v gen %v", m.Ready, m.AcceptLen, m.AcceptRate, m.MambaUsage, m.GenThroughput)
 	}
-	if _, ok := sglang.DetectFailure(strings.Split(log, "\n")); ok {
+	if _, ok := engines.DetectFailure(strings.Split(log, "\n")); ok {
 		t.Error("healthy log reported as a failure")
 	}
 
@@ -81,7 +81,7 @@ func TestReadyServesAndReportsMetrics(t *testing.T) {
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("/metrics = %d, %v", code, err)
 	}
-	pm, err := sglang.ParsePrometheus(body)
+	pm, err := engines.ParsePrometheus(body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,9 +96,9 @@ func TestDPAttentionRanksAddUp(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "", "--model-path", t.TempDir(), "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--enable-metrics")
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	p.waitLog(ctx, t, "DP1 TP2] Decode batch, ")
-	m, err := sglang.ScanMetrics(ctx, strings.NewReader(p.logText()))
+	m, err := engines.ScanMetrics(ctx, strings.NewReader(p.logText()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestDPAttentionRanksAddUp(t *testing.T) {
 	if err != nil || code != http.StatusOK || !strings.Contains(body, `dp_rank="1"`) {
 		t.Fatalf("/metrics = %d, %v:\n%s", code, err, body)
 	}
-	pm, err := sglang.ParsePrometheus(body)
+	pm, err := engines.ParsePrometheus(body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestMetricsOnlyWithEnableMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	if code, _, _ := get(ctx, p.url("/metrics")); code != http.StatusNotFound {
 		t.Errorf("/metrics without --enable-metrics = %d, want 404", code)
 	}
@@ -141,7 +141,7 @@ func TestSlowStartHealth(t *testing.T) {
 	if code, _, err := get(ctx, p.url("/health")); err != nil || code != http.StatusServiceUnavailable {
 		t.Errorf("/health while loading = %d, %v; want 503", code, err)
 	}
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	if code, _, err := get(ctx, p.url("/health")); err != nil || code != http.StatusOK {
 		t.Errorf("/health when ready = %d, %v; want 200", code, err)
 	}
@@ -153,7 +153,7 @@ func TestLoop(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "loop", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	msgs := []map[string]any{{"role": "user", "content": "What is 2+2?"}}
 
 	looped := p.chat(ctx, t, map[string]any{"messages": msgs, "temperature": 0.7, "max_tokens": 200})
@@ -205,8 +205,8 @@ func TestBadCommandLines(t *testing.T) {
 			if !strings.HasPrefix(log, "usage: sglang serve [-h] --model-path MODEL_PATH") || !strings.Contains(log, tt.want) {
 				t.Errorf("output:\n%s\nwant usage and %q", log, tt.want)
 			}
-			f, ok := sglang.DetectFailure(strings.Split(log, "\n"))
-			if !ok || f.Kind != sglang.FailureBadFlag {
+			f, ok := engines.DetectFailure(strings.Split(log, "\n"))
+			if !ok || f.Kind != engines.FailureBadFlag {
 				t.Errorf("DetectFailure = %+v, %v; want bad-flag", f, ok)
 			}
 		})
@@ -295,14 +295,14 @@ func TestLaunchFailures(t *testing.T) {
 		name, faults string
 		args         []string
 		line         string
-		kind         sglang.FailureKind
+		kind         engines.FailureKind
 	}{
-		{"oom", "oom", nil, "torch.OutOfMemoryError: CUDA out of memory.", sglang.FailureOOM},
-		{"oom kv", "oom=kv", nil, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", sglang.FailureOOM},
-		{"cuda graph", "cuda-graph-fail", nil, "Exception: Capture cuda graph failed:", sglang.FailureCUDAGraph},
-		{"exit on start", "exit-on-start", nil, "RuntimeError: No CUDA GPUs are available", sglang.FailureNoGPU},
-		{"crash after ready", "crash-after=300ms", nil, "Scheduler hit an exception: Traceback (most recent call last):", sglang.FailureSchedulerCrash},
-		{"missing model dir", "", []string{"--model-path", "/nonexistent/fake-sglang-model"}, "OSError: Can't load the configuration of '/nonexistent/fake-sglang-model'", sglang.FailureModelPath},
+		{"oom", "oom", nil, "torch.OutOfMemoryError: CUDA out of memory.", engines.FailureOOM},
+		{"oom kv", "oom=kv", nil, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", engines.FailureOOM},
+		{"cuda graph", "cuda-graph-fail", nil, "Exception: Capture cuda graph failed:", engines.FailureCUDAGraph},
+		{"exit on start", "exit-on-start", nil, "RuntimeError: No CUDA GPUs are available", engines.FailureNoGPU},
+		{"crash after ready", "crash-after=300ms", nil, "Scheduler hit an exception: Traceback (most recent call last):", engines.FailureSchedulerCrash},
+		{"missing model dir", "", []string{"--model-path", "/nonexistent/fake-sglang-model"}, "OSError: Can't load the configuration of '/nonexistent/fake-sglang-model'", engines.FailureModelPath},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -320,7 +320,7 @@ func TestLaunchFailures(t *testing.T) {
 			if !strings.Contains(log, tt.line) {
 				t.Errorf("log lacks %q", tt.line)
 			}
-			f, ok := sglang.DetectFailure(strings.Split(log, "\n"))
+			f, ok := engines.DetectFailure(strings.Split(log, "\n"))
 			if !ok || f.Kind != tt.kind {
 				t.Errorf("DetectFailure = %+v, %v; want %s", f, ok, tt.kind)
 			}
@@ -341,7 +341,7 @@ func TestPortInUse(t *testing.T) {
 	if code := p.waitExit(ctx, t); code != 1 {
 		t.Errorf("exit %d, want 1", code)
 	}
-	if f, ok := sglang.DetectFailure(strings.Split(p.logText(), "\n")); !ok || f.Kind != sglang.FailurePortInUse {
+	if f, ok := engines.DetectFailure(strings.Split(p.logText(), "\n")); !ok || f.Kind != engines.FailurePortInUse {
 		t.Errorf("DetectFailure = %+v, %v; want port-in-use", f, ok)
 	}
 }
@@ -351,7 +351,7 @@ func TestSIGTERM(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "children=1", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	kids := waitChildren(ctx, t, p.cmd.Process.Pid, 1)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -367,7 +367,7 @@ func TestIgnoreSIGTERM(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "ignore-sigterm", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +392,7 @@ func TestChildrenOutliveParent(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "children=2", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	pid := p.cmd.Process.Pid
 	kids := waitChildren(ctx, t, pid, 2)
 	if len(kids) != 2 {
@@ -424,7 +424,7 @@ func TestSetsidChildLeavesGroup(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "setsid-child", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	pid := p.cmd.Process.Pid
 	kids := waitChildren(ctx, t, pid, 1)
 	k := kids[0]
@@ -448,7 +448,7 @@ func TestHoldPort(t *testing.T) {
 	t.Parallel()
 	ctx := ctxWait(t)
 	p := launch(t, "hold-port", "--model-path", t.TempDir())
-	p.waitLog(ctx, t, sglang.ReadyLine)
+	p.waitLog(ctx, t, engines.SGLangReadyLine)
 	pid := p.cmd.Process.Pid
 	kids := waitChildren(ctx, t, pid, 1)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

@@ -375,6 +375,11 @@ func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error
 	rand.Read(layoutID)
 	rf.sc = rangedSidecar{Version: rangedVersion, URL: t.f.URL, From: t.src, Size: size, SHA256: t.f.SHA256,
 		Piece: rf.block, Layout: hex.EncodeToString(layoutID), Done: make([]int64, rf.blocks), HashState: state}
+	// The sidecar first: a partial file sized in full is never seen (by Check, by status)
+	// without the sidecar that says none of it is written yet.
+	if err := rf.saveSidecar(true); err != nil {
+		return nil, err
+	}
 	fd, err := r.root.OpenFile(rf.l.partial, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("create partial file: %w", err)
@@ -382,9 +387,6 @@ func (r *run) openRanged(ctx context.Context, t *task) (_ *rangedFile, err error
 	rf.fd = fd
 	if err := fd.Truncate(size); err != nil {
 		return nil, fmt.Errorf("size partial file: %w", err)
-	}
-	if err := rf.saveSidecar(true); err != nil {
-		return nil, err
 	}
 	if live, err := r.writeLive(rf.l.live, layoutID, rf.written, 0, state); err == nil {
 		rf.live = live

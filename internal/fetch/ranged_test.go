@@ -1,6 +1,7 @@
 package fetch_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -508,5 +509,48 @@ func TestFreeSpaceCheckedOnceLearned(t *testing.T) {
 	}
 	if st := s.Stats("/model.bin"); st.GETs != 0 {
 		t.Errorf("%d GETs though the space check failed (stats %+v)", st.GETs, st)
+	}
+}
+
+// TestSizeLearnedResumes: a download of unknown size stopped halfway resumes from its
+// sidecar, which keeps the learned size (no second HEAD), fetching nothing twice but what
+// the stop cut off in flight; the first answer after the resume is checked against it.
+func TestSizeLearnedResumes(t *testing.T) {
+	t.Parallel()
+	const size = 4 << 20
+	s := serve(t)
+	dest := t.TempDir()
+	data := content(size, 97)
+	f := add(s, "model.bin", data)
+	f.Size = -1
+	s.SetFault("/model.bin", fetchtest.Fault{Rate: 1 << 20})
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		for partial(t, dest, f) < size/4 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
+	if _, err := fetch.Fetch(ctx, []fetch.File{f}, rangedOptions(dest)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first Fetch = %v, want it cancelled", err)
+	}
+	kept := partial(t, dest, f)
+	s.SetFault("/model.bin", fetchtest.Fault{})
+	res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
+	st := s.Stats("/model.bin")
+	t.Logf("kept %d, result %+v, stats %+v", kept, res.Files[0], st)
+	if err != nil {
+		t.Fatalf("resumed Fetch: %v", err)
+	}
+	wantFile(t, dest, "model.bin", data)
+	if res.Files[0].ResumedFrom != kept || kept < size/4 {
+		t.Errorf("resumed from %d, want the %d bytes kept", res.Files[0].ResumedFrom, kept)
+	}
+	if st.HEADs != 1 {
+		t.Errorf("%d HEADs: the resume did not take the learned size from the sidecar", st.HEADs)
+	}
+	// What the cancel cut off in the 8 connections' buffers is fetched again; nothing kept.
+	if twice := st.BytesSent - size; twice > 8*(64<<10) {
+		t.Errorf("%d bytes fetched twice", twice)
 	}
 }

@@ -17,7 +17,7 @@
 //     log has grown, readiness (an HTTP 200 and/or a log line of THIS
 //     generation) before the timeout, then the smoke test. A failure quotes the
 //     tail of that generation's log and names the known failure in the
-//     engine's dialect, SGLang, vLLM or llama.cpp (serverlog.DetectFailure),
+//     engine's dialect, SGLang, vLLM or llama.cpp (engines.DetectFailure),
 //     instead of guessing.
 //   - Stop is proc.Stop (signal the group, escalate to SIGKILL, prove every
 //     member gone by PID and start time), then the port is proven free and the
@@ -27,7 +27,7 @@
 //     caller decides what a failure means: the resource reports it and never
 //     kills a server for it.
 //
-// Where the process runs is behind Runner, a small interface: Host runs it on
+// Where the process runs is behind Place, a small interface: Local runs it on
 // this machine; Incus starts it inside an Incus instance with one exec, finds
 // it in the host's /proc (its processes are seen there with host PIDs), reads
 // its log through /proc/<init>/root and its ports in the container's network

@@ -71,13 +71,13 @@ type Incus struct {
 	pulled map[string]time.Time // remote mode: when each file was last copied
 }
 
-var _ Runner = (*Incus)(nil)
+var _ Place = (*Incus)(nil)
 
 // ErrNotRunning is wrapped when the instance is not running.
 var ErrNotRunning = errors.New("container is not running")
 
-// Place is "container NAME".
-func (r *Incus) Place() string { return IncusPlace(r.Instance) }
+// Name is "container NAME".
+func (r *Incus) Name() string { return IncusPlace(r.Instance) }
 
 // IncusPlace is the place of servers in the instance name.
 func IncusPlace(name string) string { return "container " + name }
@@ -89,11 +89,11 @@ func (r *Incus) Endpoint(port int) string { return r.Endpoints[port] }
 // ports looked up in the instance's network namespace; in remote mode, the instance's
 // own /proc through exec, in whatever namespace it has at each look. A record's PIDs
 // are read with ProcsIn(its namespace).
-func (r *Incus) Procs() Procs {
-	if remote, err := r.remote(context.Background()); err == nil && remote {
+func (r *Incus) Procs(ctx context.Context) Procs {
+	if remote, err := r.remote(ctx); err == nil && remote {
 		return remoteProcs{r: r}
 	}
-	return incusProcs{FS: r.Proc, r: r}
+	return incusProcs{hostProcs: hostProcs{r.Proc}, r: r}
 }
 
 func (r *Incus) timeout() time.Duration {
@@ -154,18 +154,18 @@ func (r *Incus) procRoot() string {
 //
 // In remote mode it is a copy of the file, pulled through the Incus file API at the
 // call (see mirror): a reader of a growing log asks again for each look.
-func (r *Incus) HostPath(p string) (string, error) {
+func (r *Incus) HostPath(ctx context.Context, p string) (string, error) {
 	if !path.IsAbs(p) {
 		return "", fmt.Errorf("container %s: %q is not an absolute path", r.Instance, p)
 	}
-	remote, err := r.remote(context.Background())
+	remote, err := r.remote(ctx)
 	if err != nil && !incus.IsNotFound(err) {
 		return "", err
 	}
 	if remote {
-		return r.mirror(p)
+		return r.mirror(ctx, p)
 	}
-	init, err := r.Init(context.Background())
+	init, err := r.Init(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -247,7 +247,7 @@ func (r *Incus) Start(ctx context.Context, s Spec, log LogFile) (*Started, error
 	}
 	home, uid, gid := "/root", uint32(0), uint32(0)
 	if s.User != "" {
-		if uid, gid, home, err = r.lookupUser(s.User); err != nil {
+		if uid, gid, home, err = r.lookupUser(ctx, s.User); err != nil {
 			return nil, fmt.Errorf("start: %w", err)
 		}
 	}
@@ -303,7 +303,7 @@ func (r *Incus) Start(ctx context.Context, s Spec, log LogFile) (*Started, error
 		return nil, fmt.Errorf("start in container %s: continue pid %d: %w", r.Instance, id.PID, err)
 	}
 	started := &Started{ID: id, PGID: st.PGRP, SID: st.Session}
-	if dir, err := r.HostPath(log.Dir); err == nil {
+	if dir, err := r.HostPath(ctx, log.Dir); err == nil {
 		_ = pruneLogs(dir, log.Name, log.Keep, log.Generation)
 	}
 	return started, nil
@@ -395,8 +395,8 @@ func (r *Incus) environ(s Spec, home string) []string {
 }
 
 // lookupUser resolves a user name (or a uid) in the instance's /etc/passwd.
-func (r *Incus) lookupUser(name string) (uid, gid uint32, home string, err error) {
-	p, err := r.HostPath("/etc/passwd")
+func (r *Incus) lookupUser(ctx context.Context, name string) (uid, gid uint32, home string, err error) {
+	p, err := r.HostPath(ctx, "/etc/passwd")
 	if err != nil {
 		return 0, 0, "", err
 	}
@@ -434,19 +434,19 @@ func lastLine(b []byte) string {
 // incusProcs is the host's /proc with the port questions asked in the instance's
 // network namespace. A stopped instance holds no port.
 type incusProcs struct {
-	proc.FS
+	hostProcs
 	r *Incus
 }
 
-func (p incusProcs) PortOwners(port int) ([]int, error) {
-	init, err := p.r.Init(context.Background())
+func (p incusProcs) PortOwners(ctx context.Context, port int) ([]int, error) {
+	init, err := p.r.Init(ctx)
 	if errors.Is(err, ErrNotRunning) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	pids, err := p.FS.PortOwnersIn(init.PID, port)
+	pids, err := p.fs.PortOwnersIn(init.PID, port)
 	if errors.Is(err, proc.ErrNoProcess) {
 		return nil, nil // stopped meanwhile
 	}
@@ -461,7 +461,7 @@ func (p incusProcs) PortFree(ctx context.Context, port int, wait time.Duration) 
 	if err != nil {
 		return err
 	}
-	if err := p.FS.PortFreeIn(ctx, init.PID, port, wait); err != nil {
+	if err := p.fs.PortFreeIn(ctx, init.PID, port, wait); err != nil {
 		return fmt.Errorf("in container %s: %w", p.r.Instance, err)
 	}
 	return nil

@@ -179,17 +179,18 @@ var _ Procs = remoteProcs{}
 // NS is the namespace the PIDs belong to.
 func (p remoteProcs) NS() string { return p.ns }
 
-func (p remoteProcs) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), p.r.timeout())
+// bound is ctx bounded by the runner's timeout for one look.
+func (p remoteProcs) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.r.timeout())
 }
 
 // read reads /proc/PID/NAME inside; ErrNoProcess when it has no entry, or when the
 // namespace is not p's.
-func (p remoteProcs) read(pid int, name string, link bool) ([]byte, error) {
+func (p remoteProcs) read(ctx context.Context, pid int, name string, link bool) ([]byte, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("pid %d: %w", pid, proc.ErrNoProcess)
 	}
-	ctx, cancel := p.ctx()
+	ctx, cancel := p.bound(ctx)
 	defer cancel()
 	mode := ""
 	if link {
@@ -211,16 +212,16 @@ func (p remoteProcs) read(pid int, name string, link bool) ([]byte, error) {
 	return res.out, nil
 }
 
-func (p remoteProcs) Stat(pid int) (proc.Stat, error) {
-	b, err := p.read(pid, "stat", false)
+func (p remoteProcs) Stat(ctx context.Context, pid int) (proc.Stat, error) {
+	b, err := p.read(ctx, pid, "stat", false)
 	if err != nil {
 		return proc.Stat{}, err
 	}
 	return proc.ParseStat(b)
 }
 
-func (p remoteProcs) Alive(id proc.Identity) (bool, error) {
-	st, err := p.Stat(id.PID)
+func (p remoteProcs) Alive(ctx context.Context, id proc.Identity) (bool, error) {
+	st, err := p.Stat(ctx, id.PID)
 	if errors.Is(err, proc.ErrNoProcess) {
 		return false, nil
 	}
@@ -230,32 +231,32 @@ func (p remoteProcs) Alive(id proc.Identity) (bool, error) {
 	return st.StartTicks == id.StartTicks && !st.Dead(), nil
 }
 
-func (p remoteProcs) Cmdline(pid int) ([]string, error) {
-	b, err := p.read(pid, "cmdline", false)
+func (p remoteProcs) Cmdline(ctx context.Context, pid int) ([]string, error) {
+	b, err := p.read(ctx, pid, "cmdline", false)
 	if err != nil {
 		return nil, err
 	}
 	return splitNUL(b), nil
 }
 
-func (p remoteProcs) Environ(pid int) ([]string, error) {
-	b, err := p.read(pid, "environ", false)
+func (p remoteProcs) Environ(ctx context.Context, pid int) ([]string, error) {
+	b, err := p.read(ctx, pid, "environ", false)
 	if err != nil {
 		return nil, err
 	}
 	return splitNUL(b), nil
 }
 
-func (p remoteProcs) Cwd(pid int) (string, error) {
-	b, err := p.read(pid, "cwd", true)
+func (p remoteProcs) Cwd(ctx context.Context, pid int) (string, error) {
+	b, err := p.read(ctx, pid, "cwd", true)
 	if err != nil {
 		return "", err
 	}
 	return strings.TrimSuffix(string(b), "\n"), nil
 }
 
-func (p remoteProcs) UIDs(pid int) (real, effective uint32, err error) {
-	b, err := p.read(pid, "status", false)
+func (p remoteProcs) UIDs(ctx context.Context, pid int) (real, effective uint32, err error) {
+	b, err := p.read(ctx, pid, "status", false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -264,8 +265,8 @@ func (p remoteProcs) UIDs(pid int) (real, effective uint32, err error) {
 
 // BootTime is the boot time of the kernel the instance runs on (/proc/stat's btime
 // read inside): StartTicks count from it.
-func (p remoteProcs) BootTime() (time.Time, error) {
-	ctx, cancel := p.ctx()
+func (p remoteProcs) BootTime(ctx context.Context) (time.Time, error) {
+	ctx, cancel := p.bound(ctx)
 	defer cancel()
 	res, err := p.r.sh(ctx, nsScript+`cat /proc/stat`, "agent-btime")
 	if err != nil {
@@ -290,8 +291,8 @@ func (p remoteProcs) all(ctx context.Context, marker string) ([]proc.Stat, map[i
 	return all, marked, nil
 }
 
-func (p remoteProcs) PortOwners(port int) ([]int, error) {
-	ctx, cancel := p.ctx()
+func (p remoteProcs) PortOwners(ctx context.Context, port int) ([]int, error) {
+	ctx, cancel := p.bound(ctx)
 	defer cancel()
 	owners, _, err := p.portOwners(ctx, port)
 	return owners, err
@@ -326,7 +327,7 @@ func (p remoteProcs) PortFree(ctx context.Context, port int, wait time.Duration)
 			}
 			who := "owner not visible"
 			if len(owners) > 0 {
-				who = p.describe(owners)
+				who = p.describe(ctx, owners)
 			}
 			return fmt.Errorf("port %d in container %s: %w after %s: %s", port, p.r.Instance, proc.ErrPortHeld, wait, who)
 		}
@@ -345,11 +346,11 @@ func (p remoteProcs) interval() time.Duration {
 }
 
 // describe names processes with their command lines, for errors.
-func (p remoteProcs) describe(pids []int) string {
+func (p remoteProcs) describe(ctx context.Context, pids []int) string {
 	parts := make([]string, 0, len(pids))
 	for _, pid := range pids {
 		d := "pid " + strconv.Itoa(pid)
-		if argv, err := p.Cmdline(pid); err == nil && len(argv) > 0 {
+		if argv, err := p.Cmdline(ctx, pid); err == nil && len(argv) > 0 {
 			d += " " + strconv.Quote(strings.Join(argv, " "))
 		}
 		parts = append(parts, d)

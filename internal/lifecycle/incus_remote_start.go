@@ -53,7 +53,7 @@ func (r *Incus) remote(ctx context.Context) (bool, error) {
 	return r.mode == modeRemote, nil
 }
 
-// Runner modes (Incus.mode).
+// Place modes (Incus.mode).
 const (
 	modeLocal  = 1
 	modeRemote = 2
@@ -67,25 +67,27 @@ func (r *Incus) IsRemote(ctx context.Context) (bool, error) { return r.remote(ct
 // /proc (every record written before namespaces were recorded is one); another is the
 // instance's own, read through exec, where a namespace that is no longer the
 // instance's holds nothing. Ports are always looked up where the instance runs.
-func (r *Incus) ProcsIn(ns string) Procs {
+func (r *Incus) ProcsIn(ctx context.Context, ns string) Procs {
 	if ns != "" {
 		return remoteProcs{r: r, ns: ns}
 	}
-	if remote, err := r.remote(context.Background()); err == nil && remote {
-		return hostPIDsRemotePorts{FS: r.Proc, ports: remoteProcs{r: r}}
+	if remote, err := r.remote(ctx); err == nil && remote {
+		return hostPIDsRemotePorts{hostProcs: hostProcs{r.Proc}, ports: remoteProcs{r: r}}
 	}
-	return incusProcs{FS: r.Proc, r: r}
+	return incusProcs{hostProcs: hostProcs{r.Proc}, r: r}
 }
 
 // hostPIDsRemotePorts is a host-PID record of an instance that now runs elsewhere:
 // its processes are looked for on this host (where they were), its port where the
 // instance runs.
 type hostPIDsRemotePorts struct {
-	proc.FS
+	hostProcs
 	ports remoteProcs
 }
 
-func (p hostPIDsRemotePorts) PortOwners(port int) ([]int, error) { return p.ports.PortOwners(port) }
+func (p hostPIDsRemotePorts) PortOwners(ctx context.Context, port int) ([]int, error) {
+	return p.ports.PortOwners(ctx, port)
+}
 
 func (p hostPIDsRemotePorts) PortFree(ctx context.Context, port int, wait time.Duration) error {
 	return p.ports.PortFree(ctx, port, wait)
@@ -228,7 +230,7 @@ const mirrorFresh = 250 * time.Millisecond
 // files named as its entries (the agent only lists log directories); a missing file
 // is a missing copy, so that a read fails as it would inside. A symlink is followed
 // (relative to its directory) up to 8 times. The copy is of the moment of the call.
-func (r *Incus) mirror(p string) (string, error) {
+func (r *Incus) mirror(ctx context.Context, p string) (string, error) {
 	root, err := mirrorDir()
 	if err != nil {
 		return "", fmt.Errorf("container %s: a directory for copies of its files: %w", r.Instance, err)
@@ -241,7 +243,7 @@ func (r *Incus) mirror(p string) (string, error) {
 		return local, nil
 	}
 	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), r.timeout())
+	ctx, cancel := context.WithTimeout(ctx, r.timeout())
 	defer cancel()
 	src := clean
 	for range 8 {
@@ -358,7 +360,7 @@ func (r *Incus) WatchRemote(ctx context.Context, ns string, id proc.Identity, ev
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if alive, err := p.Alive(id); err == nil && !alive {
+		if alive, err := p.Alive(ctx, id); err == nil && !alive {
 			return nil
 		}
 		select {
@@ -369,11 +371,11 @@ func (r *Incus) WatchRemote(ctx context.Context, ns string, id proc.Identity, ev
 	}
 }
 
-// Namespace is the PID namespace of the processes Runner.Procs observes now (what
+// Namespace is the PID namespace of the processes Place.Procs observes now (what
 // Started.NS says of a launch): "" for this host's; for an instance reached through
 // Incus only, the instance's (Incus.Namespace).
 func (l *Lifecycle) Namespace(ctx context.Context) (string, error) {
-	r, ok := l.Runner.(*Incus)
+	r, ok := l.Place.(*Incus)
 	if !ok {
 		return "", nil
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -30,15 +29,8 @@ func (p remoteProcs) Stop(ctx context.Context, t proc.Target, sig syscall.Signal
 		rep.Elapsed = time.Since(start)
 		return rep, err
 	}
-	switch {
-	case t.Leader.PID <= 1:
-		return done(fmt.Errorf("%w: leader pid %d", proc.ErrUnsafeTarget, t.Leader.PID))
-	case t.PGID < 0 || t.PGID == 1:
-		return done(fmt.Errorf("%w: process group %d", proc.ErrUnsafeTarget, t.PGID))
-	case t.SID < 0 || t.SID == 1:
-		return done(fmt.Errorf("%w: session %d", proc.ErrUnsafeTarget, t.SID))
-	case t.Marker != "" && !strings.Contains(t.Marker, "="):
-		return done(fmt.Errorf("%w: marker %q is not KEY=VALUE", proc.ErrUnsafeTarget, t.Marker))
+	if err := t.Check(); err != nil {
+		return done(err)
 	}
 	stats := map[proc.Identity]proc.Stat{}
 	first, err := p.snapshot(ctx, t, nil)
@@ -112,12 +104,12 @@ func (p remoteProcs) Stop(ctx context.Context, t proc.Target, sig syscall.Signal
 		pids[i] = id.PID
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		return done(fmt.Errorf("stop %v in container %s: %d processes left after SIGKILL: %s: %w", t.Leader, p.r.Instance, len(pending), p.describe(pids), ctxErr))
+		return done(fmt.Errorf("stop %v in container %s: %d processes left after SIGKILL: %s: %w", t.Leader, p.r.Instance, len(pending), p.describe(ctx, pids), ctxErr))
 	}
 	if cause := errors.Join(sendErr, waitErr); cause != nil {
-		return done(fmt.Errorf("stop %v in container %s: %w: %s (%w)", t.Leader, p.r.Instance, proc.ErrSurvived, p.describe(pids), cause))
+		return done(fmt.Errorf("stop %v in container %s: %w: %s (%w)", t.Leader, p.r.Instance, proc.ErrSurvived, p.describe(ctx, pids), cause))
 	}
-	return done(fmt.Errorf("stop %v in container %s: %w: %s", t.Leader, p.r.Instance, proc.ErrSurvived, p.describe(pids)))
+	return done(fmt.Errorf("stop %v in container %s: %w: %s", t.Leader, p.r.Instance, proc.ErrSurvived, p.describe(ctx, pids)))
 }
 
 // snapshot returns the live processes inside that make up the target (see
@@ -130,58 +122,12 @@ func (p remoteProcs) snapshot(ctx context.Context, t proc.Target, known map[proc
 	return targetSet(all, marked, t, known), nil
 }
 
-// targetSet picks the target's members out of every process of a namespace: marked
-// holds the PIDs whose environment carries t.Marker. PID 1, the namespace's init, is
-// never one.
+// targetSet picks the target's members out of every process of a namespace by the
+// host's rule (proc.Target.Members): marked holds the PIDs whose environment carries
+// t.Marker. PID 1, the namespace's init, is never one (inside an instance the agent
+// and its ancestors are not there to guard).
 func targetSet(all []proc.Stat, marked map[int]bool, t proc.Target, known map[proc.Identity]proc.Stat) []proc.Stat {
-	byPID := make(map[int]proc.Stat, len(all))
-	for _, s := range all {
-		byPID[s.PID] = s
-	}
-	anchored := func(in func(proc.Stat) bool) bool {
-		if l, ok := byPID[t.Leader.PID]; ok && l.StartTicks == t.Leader.StartTicks && in(l) {
-			return true
-		}
-		for id := range known {
-			if s, ok := byPID[id.PID]; ok && s.StartTicks == id.StartTicks && in(s) {
-				return true
-			}
-		}
-		return false
-	}
-	groupOK := t.PGID != 0 && anchored(func(s proc.Stat) bool { return s.PGRP == t.PGID })
-	sessionOK := t.SID != 0 && anchored(func(s proc.Stat) bool { return s.Session == t.SID })
-	member := func(s proc.Stat) bool {
-		if s.Dead() || s.PID <= 1 {
-			return false
-		}
-		if _, ok := known[s.Identity()]; ok || s.Identity() == t.Leader {
-			return true
-		}
-		started := t.PGID != t.Leader.PID || s.StartTicks >= t.Leader.StartTicks
-		if groupOK && s.PGRP == t.PGID && started {
-			return true
-		}
-		started = t.SID != t.Leader.PID || s.StartTicks >= t.Leader.StartTicks
-		if sessionOK && s.Session == t.SID && started {
-			return true
-		}
-		return t.Marker != "" && marked[s.PID]
-	}
-	var set []proc.Stat
-	var roots []int
-	for _, s := range all {
-		if member(s) {
-			set = append(set, s)
-			roots = append(roots, s.PID)
-		}
-	}
-	for _, s := range proc.Descendants(all, roots...) {
-		if !s.Dead() && s.PID > 1 {
-			set = append(set, s)
-		}
-	}
-	return set
+	return t.Members(all, known, func(pid int) bool { return marked[pid] }, func(pid int) bool { return pid <= 1 })
 }
 
 // send delivers sig to the target's group (while a member is alive as itself) and to

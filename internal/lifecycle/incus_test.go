@@ -100,7 +100,7 @@ func TestStopInADeletedContainerIsDone(t *testing.T) {
 	if _, err := r.Init(context.Background()); !errors.Is(err, ErrNotRunning) || !strings.Contains(err.Error(), "container old does not exist") {
 		t.Errorf("Init = %v, want ErrNotRunning saying the container does not exist", err)
 	}
-	lc := &Lifecycle{Runner: r}
+	lc := &Lifecycle{Place: r}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if rep, err := lc.Stop(ctx, proc.Target{Leader: id, PGID: id.PID, SID: id.PID, Marker: "AGENT_SERVER=x#1@1"}, syscall.SIGTERM, time.Second, 30000); err != nil {

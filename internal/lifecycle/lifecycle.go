@@ -11,15 +11,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/serverlog"
-	"github.com/agent-dev/agent/internal/sglang"
 )
 
-// Lifecycle launches, probes and stops servers through a Runner.
+// Lifecycle launches, probes and stops servers in a Place.
 type Lifecycle struct {
-	Runner Runner
+	Place Place
 	// GPU, when not nil, is asked after every stop whether the stopped PIDs still hold
 	// GPU memory (gpu.WaitReleased; a no-op without GPUs).
 	GPU gpu.Observer
@@ -109,7 +108,7 @@ type LaunchError struct {
 	Place string
 	// Reason is what went wrong: "process exited (exit status 1) 0.4 s after start".
 	Reason  string
-	Failure *sglang.Failure
+	Failure *engines.Failure
 	Tail    []string
 	// Stopped says what became of the leftovers (the launch is stopped, verified).
 	Stopped string
@@ -153,7 +152,7 @@ func (e *LaunchError) Error() string {
 func (l *Lifecycle) Launch(ctx context.Context, o LaunchOptions) (*Launched, error) {
 	log := LogFile{Dir: o.LogDir, Name: o.Name, Generation: o.Generation, Keep: o.KeepLogs}
 	start := time.Now()
-	st, err := l.Runner.Start(ctx, o.Spec, log)
+	st, err := l.Place.Start(ctx, o.Spec, log)
 	if st == nil {
 		return nil, err
 	}
@@ -202,7 +201,7 @@ func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) er
 		return l.failed(x, o, reason)
 	}
 	if o.Smoke != nil {
-		r, err := RunSmoke(ctx, l.client(), l.Runner.Endpoint(o.Port), *o.Smoke)
+		r, err := RunSmoke(ctx, l.client(), l.Place.Endpoint(o.Port), *o.Smoke)
 		if err != nil {
 			return fmt.Errorf("generation %d is ready but its smoke test got no answer: %w (the server was left running)", o.Generation, err)
 		}
@@ -217,8 +216,8 @@ func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) er
 
 // HostPath is where the agent reads path, a file of the runner's place; path itself
 // when it cannot be mapped (the read then fails with a clear error).
-func (l *Lifecycle) HostPath(path string) string {
-	if p, err := l.Runner.HostPath(path); err == nil {
+func (l *Lifecycle) HostPath(ctx context.Context, path string) string {
+	if p, err := l.Place.HostPath(ctx, path); err == nil {
 		return p
 	}
 	return path
@@ -240,19 +239,19 @@ func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions)
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()
 	watch := &lineWatch{want: o.Ready.LogLine}
-	procs := l.ProcsIn(x.NS)
+	procs := l.ProcsIn(ctx, x.NS)
 	var grown, httpOK, lineOK bool
 	for {
 		// Mapped at each look: in a container reached only through Incus, the path is
 		// a copy of the log as it is now (Incus.HostPath).
-		logPath := l.HostPath(x.LogPath)
+		logPath := l.HostPath(ctx, x.LogPath)
 		watch.path = logPath
 		select {
 		case <-x.Exited:
 			return l.exitReason(x)
 		default:
 		}
-		if alive, err := procs.Alive(x.ID); err == nil && !alive {
+		if alive, err := procs.Alive(ctx, x.ID); err == nil && !alive {
 			if x.Exited != nil {
 				// Our own child: let the reaper record how it ended.
 				select {
@@ -311,7 +310,7 @@ func (l *Lifecycle) exitReason(x *Launched) string {
 // failed stops what is left of a failed launch and builds its error from its log.
 func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	e := &LaunchError{Generation: x.Generation, LogPath: x.LogPath, Reason: reason}
-	if place := l.Runner.Place(); place != (Host{}).Place() {
+	if place := l.Place.Name(); place != (Local{}).Name() {
 		e.Place = place
 	}
 	// Stop leftovers (children, a half-started server) so the next launch starts clean
@@ -326,10 +325,10 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	case len(rep.Targets) > 0:
 		e.Stopped = fmt.Sprintf("its %d leftover processes were stopped, verified gone", len(rep.Targets))
 	}
-	if r, ok := l.Runner.(*Incus); ok {
+	if r, ok := l.Place.(*Incus); ok {
 		r.forgetCopy(x.LogPath) // the last lines, written as it died, not a copy of before
 	}
-	logPath := l.HostPath(x.LogPath)
+	logPath := l.HostPath(ctx, x.LogPath)
 	if tail, err := Excerpt(logPath, TailLines); err == nil {
 		e.Tail = tail
 	}
@@ -350,7 +349,7 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Place.Endpoint(port)+path, nil)
 	if err != nil {
 		return err
 	}
@@ -367,26 +366,26 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 }
 
 // Metrics scrapes the server's /metrics (SGLang's --enable-metrics).
-func (l *Lifecycle) Metrics(ctx context.Context, port int) (sglang.Metrics, error) {
+func (l *Lifecycle) Metrics(ctx context.Context, port int) (engines.Metrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Runner.Endpoint(port)+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.Place.Endpoint(port)+"/metrics", nil)
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
 	resp, err := l.client().Do(req)
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return sglang.Metrics{}, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
+		return engines.Metrics{}, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
-	return serverlog.ParsePrometheus(string(b))
+	return engines.ParsePrometheus(string(b))
 }
 
 // PortWait bounds the wait for the port to be free after a verified stop.
@@ -402,7 +401,7 @@ var ErrStop = errors.New("stop not verified")
 // group, escalation to SIGKILL, PID and start time checked), then port free (when
 // port > 0), then none of the stopped PIDs holding GPU memory.
 func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
-	return l.stop(ctx, l.Runner.Procs(), false, t, sig, timeout, port)
+	return l.stop(ctx, l.Place.Procs(ctx), false, t, sig, timeout, port)
 }
 
 // StopIn is Stop of a target whose PIDs belong to the PID namespace ns (Started.NS): a
@@ -410,17 +409,19 @@ func (l *Lifecycle) Stop(ctx context.Context, t proc.Target, sig syscall.Signal,
 // namespace than this host's have no systemd unit here and their GPU memory is not
 // this host's to observe: the proof there is the processes gone and the port free.
 func (l *Lifecycle) StopIn(ctx context.Context, ns string, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
-	return l.stop(ctx, l.ProcsIn(ns), ns != "", t, sig, timeout, port)
+	return l.stop(ctx, l.ProcsIn(ctx, ns), ns != "", t, sig, timeout, port)
 }
 
 // ProcsIn observes and stops processes whose PIDs belong to the PID namespace ns: the
 // runner's own processes for "" (this host's), unless the runner tells namespaces
 // apart (Incus.ProcsIn).
-func (l *Lifecycle) ProcsIn(ns string) Procs {
-	if r, ok := l.Runner.(interface{ ProcsIn(string) Procs }); ok {
-		return r.ProcsIn(ns)
+func (l *Lifecycle) ProcsIn(ctx context.Context, ns string) Procs {
+	if r, ok := l.Place.(interface {
+		ProcsIn(context.Context, string) Procs
+	}); ok {
+		return r.ProcsIn(ctx, ns)
 	}
-	return l.Runner.Procs()
+	return l.Place.Procs(ctx)
 }
 
 func (l *Lifecycle) stop(ctx context.Context, procs Procs, foreign bool, t proc.Target, sig syscall.Signal, timeout time.Duration, port int) (proc.Report, error) {
@@ -429,7 +430,7 @@ func (l *Lifecycle) stop(ctx context.Context, procs Procs, foreign bool, t proc.
 	}
 	unit := ""
 	if !foreign {
-		unit = unitOfTarget(procs, t) // systemd_unit.go
+		unit = unitOfTarget(ctx, procs, t) // systemd_unit.go
 	}
 	rep, err := procs.Stop(ctx, t, sig, timeout)
 	if err != nil {

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/sglang"
 	"github.com/agent-dev/agent/internal/testbin"
 )
 
@@ -34,9 +34,9 @@ func options(t *testing.T, faults string, extra ...string) (*Lifecycle, LaunchOp
 			Env:    map[string]string{"FAKE_SGLANG": faults, "FAKE_SGLANG_DECODE_INTERVAL": "100ms"},
 			Marker: marker,
 		},
-		Ready: Ready{HTTP: "/health", LogLine: sglang.ReadyLine, Timeout: 15 * time.Second},
+		Ready: Ready{HTTP: "/health", LogLine: engines.SGLangReadyLine, Timeout: 15 * time.Second},
 	}
-	l := &Lifecycle{Runner: Host{}}
+	l := &Lifecycle{Place: Local{}}
 	t.Cleanup(func() { killMarked(marker) })
 	return l, o
 }
@@ -130,14 +130,14 @@ func TestLaunchFailuresQuoteTheirOwnLog(t *testing.T) {
 	for _, tc := range []struct {
 		faults string
 		extra  []string
-		kind   sglang.FailureKind
+		kind   engines.FailureKind
 		line   string
 	}{
-		{faults: "oom", kind: sglang.FailureOOM, line: "CUDA out of memory"},
-		{faults: "oom=kv", kind: sglang.FailureOOM, line: "Not enough memory"},
-		{faults: "exit-on-start", kind: sglang.FailureNoGPU, line: "No CUDA GPUs are available"},
-		{faults: "cuda-graph-fail", kind: sglang.FailureCUDAGraph, line: "Capture cuda graph failed"},
-		{extra: []string{"--no-such-flag", "1"}, kind: sglang.FailureBadFlag, line: "unrecognized arguments"},
+		{faults: "oom", kind: engines.FailureOOM, line: "CUDA out of memory"},
+		{faults: "oom=kv", kind: engines.FailureOOM, line: "Not enough memory"},
+		{faults: "exit-on-start", kind: engines.FailureNoGPU, line: "No CUDA GPUs are available"},
+		{faults: "cuda-graph-fail", kind: engines.FailureCUDAGraph, line: "Capture cuda graph failed"},
+		{extra: []string{"--no-such-flag", "1"}, kind: engines.FailureBadFlag, line: "unrecognized arguments"},
 	} {
 		t.Run(string(tc.kind)+tc.faults, func(t *testing.T) {
 			t.Parallel()
@@ -202,7 +202,7 @@ func TestSmokeLoopLeavesServerRunning(t *testing.T) {
 	}
 	s := *o.Smoke
 	s.Sampling = map[string]any{"temperature": 0.7, "presence_penalty": 1.5}
-	r, err := RunSmoke(ctx(t), nil, l.Runner.Endpoint(o.Port), s)
+	r, err := RunSmoke(ctx(t), nil, l.Place.Endpoint(o.Port), s)
 	if err != nil || !r.OK {
 		t.Errorf("with a presence penalty: %+v, %v", r, err)
 	}
@@ -265,11 +265,11 @@ func TestGenerationsAndPruning(t *testing.T) {
 		t.Error("a regular srv.log would be replaced")
 	}
 	// Start refuses a regular srv.log, and an existing log file: never an old file reused.
-	if _, err := (Host{}).Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 10, Keep: 5}); err == nil || !strings.Contains(err.Error(), "not a symlink") {
+	if _, err := (Local{}).Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 10, Keep: 5}); err == nil || !strings.Contains(err.Error(), "not a symlink") {
 		t.Errorf("start with a regular srv.log: %v", err)
 	}
 	os.Remove(CurrentLink(dir, "srv"))
-	_, err := Host{}.Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 9, Keep: 5})
+	_, err := Local{}.Start(context.Background(), Spec{Argv: []string{"/bin/true"}}, LogFile{Dir: dir, Name: "srv", Generation: 9, Keep: 5})
 	if !errors.Is(err, ErrLogExists) {
 		t.Errorf("start over an existing log: %v", err)
 	}

@@ -13,8 +13,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agent-dev/agent/internal/serverlog"
-	"github.com/agent-dev/agent/internal/sglang"
+	"github.com/agent-dev/agent/internal/engines"
 )
 
 // LogPath is the log file of one generation: <dir>/<name>.<generation>.log.
@@ -231,23 +230,23 @@ func lastLines(path string, limit int64) ([]string, error) {
 }
 
 // Failure looks for a known failure in the end of the log at path, in the
-// dialect of the engine that wrote it (SGLang, vLLM, llama.cpp: serverlog).
-func Failure(path string) (sglang.Failure, bool) {
+// dialect of the engine that wrote it (SGLang, vLLM, llama.cpp: package engines).
+func Failure(path string) (engines.Failure, bool) {
 	lines, err := lastLines(path, tailBytes)
 	if err != nil {
-		return sglang.Failure{}, false
+		return engines.Failure{}, false
 	}
-	return serverlog.DetectFailure(lines)
+	return engines.DetectFailure(lines)
 }
 
 // ScanLog reads the serving state from one generation's log.
-func ScanLog(ctx context.Context, path string) (sglang.Metrics, error) {
+func ScanLog(ctx context.Context, path string) (engines.Metrics, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return sglang.Metrics{}, err
+		return engines.Metrics{}, err
 	}
 	defer f.Close()
-	return serverlog.ScanMetrics(ctx, f)
+	return engines.ScanMetrics(ctx, f)
 }
 
 // lineWatch finds a line in a growing file, reading only what was appended.

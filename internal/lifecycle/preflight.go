@@ -23,7 +23,7 @@ import (
 // ErrPreflight is wrapped by every failed preflight.
 var ErrPreflight = errors.New("preflight failed")
 
-// preflighter is a Runner that can check a launch before it happens.
+// preflighter is a Place that can check a launch before it happens.
 type preflighter interface {
 	Preflight(ctx context.Context, s Spec, log LogFile) error
 }
@@ -33,7 +33,7 @@ type preflighter interface {
 // writable, the generation's log file does not exist yet and <Name>.log is not in the
 // way. The error wraps ErrPreflight and says what to fix.
 func (l *Lifecycle) Preflight(ctx context.Context, s Spec, log LogFile) error {
-	p, ok := l.Runner.(preflighter)
+	p, ok := l.Place.(preflighter)
 	if !ok {
 		return nil
 	}
@@ -44,7 +44,7 @@ func (l *Lifecycle) Preflight(ctx context.Context, s Spec, log LogFile) error {
 }
 
 // Preflight checks a launch on this host.
-func (h Host) Preflight(ctx context.Context, s Spec, log LogFile) error {
+func (h Local) Preflight(ctx context.Context, s Spec, log LogFile) error {
 	if len(s.Argv) == 0 || s.Argv[0] == "" {
 		return errors.New("empty command")
 	}
@@ -124,7 +124,7 @@ func (r *Incus) Preflight(ctx context.Context, s Spec, log LogFile) error {
 	}
 	home := "/root"
 	if s.User != "" {
-		_, _, h, err := r.lookupUser(s.User)
+		_, _, h, err := r.lookupUser(ctx, s.User)
 		if err != nil {
 			return err
 		}

@@ -71,7 +71,7 @@ func preflightScriptIn(t *testing.T, sh []string) {
 func TestHostPreflight(t *testing.T) {
 	t.Parallel()
 	base := t.TempDir()
-	l := &Lifecycle{Runner: Host{}}
+	l := &Lifecycle{Place: Local{}}
 	log := LogFile{Dir: filepath.Join(base, "logs"), Name: "qwen", Generation: 1}
 	if err := l.Preflight(context.Background(), Spec{Argv: []string{"sh", "-c", "true"}}, log); err != nil {
 		t.Fatal(err)

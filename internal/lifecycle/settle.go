@@ -18,7 +18,7 @@ func (l *Lifecycle) settle(ctx context.Context, x *Launched, o LaunchOptions) st
 	defer end.Stop()
 	tick := time.NewTicker(l.poll())
 	defer tick.Stop()
-	procs := l.ProcsIn(x.NS)
+	procs := l.ProcsIn(ctx, x.NS)
 	died := func() string {
 		return fmt.Sprintf("%s, %.1f s after it answered ready (ready.settle %s)", l.exitReason(x), time.Since(x.ReadyAt).Seconds(), o.Ready.Settle)
 	}
@@ -29,7 +29,7 @@ func (l *Lifecycle) settle(ctx context.Context, x *Launched, o LaunchOptions) st
 		case <-ctx.Done():
 			return "interrupted while it settled"
 		case <-end.C:
-			if alive, err := procs.Alive(x.ID); err == nil && !alive {
+			if alive, err := procs.Alive(ctx, x.ID); err == nil && !alive {
 				return died()
 			}
 			if o.Ready.HTTP != "" {
@@ -39,7 +39,7 @@ func (l *Lifecycle) settle(ctx context.Context, x *Launched, o LaunchOptions) st
 			}
 			return ""
 		case <-tick.C:
-			if alive, err := procs.Alive(x.ID); err == nil && !alive {
+			if alive, err := procs.Alive(ctx, x.ID); err == nil && !alive {
 				if x.Exited != nil {
 					select { // our own child: let the reaper record how it ended
 					case <-x.Exited:

@@ -28,7 +28,7 @@ import (
 const UnitPrefix = "agent-server-"
 
 // systemdRuns reports whether systemd is the init system (sd_booted(3)), and so whether
-// Host.Start launches servers in transient units. AGENT_NO_SYSTEMD_UNITS=1 turns it off.
+// Local.Start launches servers in transient units. AGENT_NO_SYSTEMD_UNITS=1 turns it off.
 func systemdRuns() bool {
 	if os.Getenv("AGENT_NO_SYSTEMD_UNITS") == "1" {
 		return false
@@ -180,9 +180,9 @@ type execStart struct {
 // a child process of its own.
 var errNoUnit = errors.New("no transient unit")
 
-// startInUnit is Host.Start's launch through systemd: f is the generation's log file,
+// startInUnit is Local.Start's launch through systemd: f is the generation's log file,
 // already created. It returns errNoUnit when systemd's API cannot be reached.
-func (h Host) startInUnit(ctx context.Context, s Spec, log LogFile, f *os.File) (*Started, error) {
+func (h Local) startInUnit(ctx context.Context, s Spec, log LogFile, f *os.File) (*Started, error) {
 	pid, unit, err := startUnit(ctx, s, f.Name(), time.Now(), log)
 	if errors.Is(err, errNoUnit) {
 		return nil, err
@@ -206,11 +206,11 @@ func (h Host) startInUnit(ctx context.Context, s Spec, log LogFile, f *os.File) 
 
 // unitOfTarget is the server unit whose cgroup holds the target's leader, when the
 // leader is still the recorded process (PID and start time); "" otherwise.
-func unitOfTarget(procs Procs, t proc.Target) string {
+func unitOfTarget(ctx context.Context, procs Procs, t proc.Target) string {
 	if t.Leader.PID <= 1 {
 		return ""
 	}
-	if ok, err := procs.Alive(t.Leader); err != nil || !ok {
+	if ok, err := procs.Alive(ctx, t.Leader); err != nil || !ok {
 		return ""
 	}
 	return UnitOf(t.Leader.PID)

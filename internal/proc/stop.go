@@ -203,6 +203,15 @@ func (fs FS) describe(ids []Identity) string {
 }
 
 func (fs FS) checkTarget(t Target) error {
+	if err := t.Check(); err != nil {
+		return err
+	}
+	return fs.checkRoot()
+}
+
+// Check refuses a target whose stop would take PID 1 (or any init) with it, or whose
+// marker is not an exact KEY=VALUE entry, in whatever PID namespace it is read.
+func (t Target) Check() error {
 	switch {
 	case t.Leader.PID <= 1:
 		return fmt.Errorf("%w: leader pid %d", ErrUnsafeTarget, t.Leader.PID)
@@ -213,7 +222,7 @@ func (fs FS) checkTarget(t Target) error {
 	case t.Marker != "" && !strings.Contains(t.Marker, "="):
 		return fmt.Errorf("%w: marker %q is not KEY=VALUE", ErrUnsafeTarget, t.Marker)
 	}
-	return fs.checkRoot()
+	return nil
 }
 
 // checkRoot makes sure PIDs read under the root are PIDs in this process's
@@ -258,15 +267,33 @@ func (fs FS) guard(t Target) (guard, error) {
 	return g, nil
 }
 
-// snapshot returns the live processes that make up the target, each once.
-// known identities that are still alive are roots too, so children forked
-// by a member after the first snapshot are found even when the leader is
-// gone.
+// snapshot returns the live processes that make up the target, each once
+// (Target.Members over this /proc, with the guard left out).
 func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error) {
 	all, err := fs.All()
 	if err != nil {
 		return nil, err
 	}
+	carries := func(pid int) bool {
+		env, err := fs.Environ(pid)
+		// Unreadable or vanished: not provably ours, and a process
+		// that vanished needs no stopping.
+		return err == nil && slices.Contains(env, t.Marker)
+	}
+	return t.Members(all, known, carries, func(pid int) bool { return g[pid] }), nil
+}
+
+// Members is the one rule for which processes belong to the target, whoever reads
+// them (this host's /proc, or an instance's read through Incus exec): out of all, the
+// processes of one PID namespace, it picks the leader, its process group and session
+// while anchored, every process carrying the marker (carries(pid) says whether one
+// does; asked only when the target has a marker), and every descendant of those, each
+// once and alive. known are processes an earlier look of the same stop proved
+// members: they stay members and anchor the group, so children forked by a member
+// after the first look are found even when the leader is gone. A process for which
+// never(pid) holds is not one (the stopping agent, its ancestors, the namespace's
+// init).
+func (t Target) Members(all []Stat, known map[Identity]Stat, carries, never func(pid int) bool) []Stat {
 	byPID := make(map[int]Stat, len(all))
 	for _, s := range all {
 		byPID[s.PID] = s
@@ -294,7 +321,7 @@ func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error
 	groupOK := t.PGID != 0 && anchored(func(s Stat) bool { return s.PGRP == t.PGID })
 	sessionOK := t.SID != 0 && anchored(func(s Stat) bool { return s.Session == t.SID })
 	member := func(s Stat) bool {
-		if s.Dead() || g[s.PID] {
+		if s.Dead() || never(s.PID) {
 			return false
 		}
 		if _, ok := known[s.Identity()]; ok || s.Identity() == t.Leader {
@@ -308,13 +335,7 @@ func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error
 		if sessionOK && s.Session == t.SID && started {
 			return true
 		}
-		if t.Marker != "" {
-			env, err := fs.Environ(s.PID)
-			// Unreadable or vanished: not provably ours, and a process
-			// that vanished needs no stopping.
-			return err == nil && slices.Contains(env, t.Marker)
-		}
-		return false
+		return t.Marker != "" && carries(s.PID)
 	}
 	var set []Stat
 	var roots []int
@@ -325,11 +346,11 @@ func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error
 		}
 	}
 	for _, s := range Descendants(all, roots...) {
-		if !s.Dead() && !g[s.PID] {
+		if !s.Dead() && !never(s.PID) {
 			set = append(set, s)
 		}
 	}
-	return set, nil
+	return set
 }
 
 // send delivers sig to the target's process group and to every member of

@@ -8,12 +8,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -128,27 +126,13 @@ func (c *Cluster) LogTail(n int) string {
 
 // startCluster forms the cluster. A non-empty skip says why the host cannot run one.
 func startCluster() (c *Cluster, skip string, err error) {
-	if os.Geteuid() != 0 {
-		return nil, "not running as root (incusd needs root)", nil
+	incusd, image, skip, err := prerequisites()
+	if skip != "" || err != nil {
+		return nil, skip, err
 	}
-	incusd, err := findIncusd()
-	if err != nil {
-		return nil, err.Error(), nil
-	}
-	busybox, err := findBusybox()
-	if err != nil {
-		return nil, err.Error(), nil
-	}
-	image, err := busyboxImage(busybox)
-	if err != nil {
-		return nil, "", fmt.Errorf("build busybox image: %w", err)
-	}
-	dir, err := os.MkdirTemp("/tmp", "incusc-")
+	dir, err := stateDir("incusc-")
 	if err != nil {
 		return nil, "", err
-	}
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return nil, "", errors.Join(err, os.RemoveAll(dir))
 	}
 	c = &Cluster{Image: ImageAlias, dir: dir, incusd: incusd}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterStartTimeout)
@@ -187,13 +171,8 @@ func (c *Cluster) form(ctx context.Context, image []byte) error {
 		return err
 	}
 	cl := first.Client
-	if err := cl.Query(ctx, "POST", "/1.0/storage-pools", map[string]any{"name": "default", "driver": "dir"}, nil); err != nil {
-		return fmt.Errorf("create storage pool: %w", err)
-	}
-	if err := cl.Query(ctx, "PATCH", "/1.0/profiles/default", map[string]any{
-		"devices": map[string]map[string]string{"root": {"type": "disk", "path": "/", "pool": "default"}},
-	}, nil); err != nil {
-		return fmt.Errorf("add root disk to default profile: %w", err)
+	if err := defaultStorage(ctx, cl); err != nil {
+		return err
 	}
 	if err := cl.EnableCluster(ctx, first.Name); err != nil {
 		return fmt.Errorf("%w\n%s", err, first.LogTail(20))
@@ -323,16 +302,7 @@ func (m *Member) Stop() error {
 	if m.cmd == nil {
 		return nil
 	}
-	_ = m.cmd.Process.Signal(syscall.SIGPWR)
-	select {
-	case <-m.exited:
-	case <-time.After(shutdownTimeout):
-		_ = m.cmd.Process.Kill()
-		<-m.exited
-	}
-	m.cmd = nil
-	m.logf.Close()
-	return nil
+	return m.stop()
 }
 
 // Restart starts a stopped member's daemon again on its directory and waits until the
@@ -394,16 +364,7 @@ func (c *Cluster) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if len(c.Members) > 0 && !c.Members[0].closed() && c.Client != nil {
-		var urls []string
-		if err := c.Client.Query(ctx, "GET", "/1.0/instances", nil, &urls); err != nil {
-			errs = append(errs, fmt.Errorf("list instances: %w", err))
-		}
-		for _, u := range urls {
-			name := filepath.Base(u)
-			if err := c.Members[0].removeInstance(ctx, name); err != nil {
-				errs = append(errs, fmt.Errorf("remove instance %s: %w", name, err))
-			}
-		}
+		errs = c.Members[0].removeInstances(ctx)
 	}
 	var wg sync.WaitGroup
 	for _, m := range c.Members {
@@ -422,44 +383,6 @@ func (c *Cluster) Close() error {
 		return fmt.Errorf("tear down the incus cluster: %w", err)
 	}
 	return nil
-}
-
-// spawn starts an incusd on dir (its INCUS_DIR) the way start does, without waiting.
-func spawn(incusd, dir string) (*Daemon, error) {
-	logf, err := os.OpenFile(filepath.Join(dir, "incusd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(incusd, "--group", "root", "--verbose")
-	cmd.Env = append(os.Environ(), "INCUS_DIR="+dir)
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGPWR}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", incusd, err)
-	}
-	d := &Daemon{Dir: dir, Socket: filepath.Join(dir, "unix.socket"), cmd: cmd, exited: make(chan struct{}), logf: logf}
-	go func() { _ = cmd.Wait(); close(d.exited) }()
-	d.Client = incus.New(d.Socket)
-	return d, nil
-}
-
-// waitReady waits until the daemon answers, or reports its exit with its log.
-func (d *Daemon) waitReady(ctx context.Context) error {
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ready := make(chan error, 1)
-	go func() { ready <- d.Client.WaitReady(rctx) }()
-	select {
-	case err := <-ready:
-		if err != nil {
-			return fmt.Errorf("incusd did not become ready: %w\n%s", err, d.LogTail(40))
-		}
-		return nil
-	case <-d.exited:
-		return fmt.Errorf("incusd exited during startup\n%s", d.LogTail(40))
-	}
 }
 
 // Running reports whether the member's daemon runs (not stopped by Stop).

@@ -158,36 +158,69 @@ func findBusybox() (string, error) {
 	return p, nil
 }
 
-// start starts and prepares a daemon. A non-empty skip says why the host
-// cannot run one (a missing prerequisite); err is a real failure.
-func start() (d *Daemon, skip string, err error) {
+// prerequisites finds what any test daemon needs on this host: root, incusd and a
+// static busybox (made into the image). A non-empty skip says which is missing; err is
+// a real failure.
+func prerequisites() (incusd string, image []byte, skip string, err error) {
 	if os.Geteuid() != 0 {
-		return nil, "not running as root (incusd needs root)", nil
+		return "", nil, "not running as root (incusd needs root)", nil
 	}
-	incusd, err := findIncusd()
+	incusd, err = findIncusd()
 	if err != nil {
-		return nil, err.Error(), nil
+		return "", nil, err.Error(), nil
 	}
 	busybox, err := findBusybox()
 	if err != nil {
-		return nil, err.Error(), nil
+		return "", nil, err.Error(), nil
 	}
-	image, err := busyboxImage(busybox)
+	image, err = busyboxImage(busybox)
 	if err != nil {
-		return nil, "", fmt.Errorf("build busybox image: %w", err)
+		return "", nil, "", fmt.Errorf("build busybox image: %w", err)
 	}
+	return incusd, image, "", nil
+}
 
-	dir, err := os.MkdirTemp("/tmp", "incus-")
+// stateDir makes a fresh directory under /tmp for daemons' INCUS_DIR. Like
+// /var/lib/incus, unprivileged containers' root must traverse it.
+func stateDir(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("/tmp", prefix)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return "", errors.Join(err, os.RemoveAll(dir))
+	}
+	return dir, nil
+}
+
+// start starts and prepares a daemon. A non-empty skip says why the host
+// cannot run one (a missing prerequisite); err is a real failure.
+func start() (d *Daemon, skip string, err error) {
+	incusd, image, skip, err := prerequisites()
+	if skip != "" || err != nil {
+		return nil, skip, err
+	}
+	dir, err := stateDir("incus-")
 	if err != nil {
 		return nil, "", err
 	}
-	// Like /var/lib/incus: unprivileged containers' root must traverse it.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return nil, "", errors.Join(err, os.RemoveAll(dir))
-	}
-	logf, err := os.Create(filepath.Join(dir, "incusd.log"))
+	d, err = spawn(incusd, dir)
 	if err != nil {
 		return nil, "", errors.Join(err, os.RemoveAll(dir))
+	}
+	if err := d.setup(image); err != nil {
+		return nil, "", errors.Join(err, d.Close())
+	}
+	return d, "", nil
+}
+
+// spawn starts an incusd on dir (its INCUS_DIR), logging to dir/incusd.log (appended:
+// a restarted cluster member keeps its earlier log), without waiting for it: the one
+// way a single daemon and each cluster member start.
+func spawn(incusd, dir string) (*Daemon, error) {
+	logf, err := os.OpenFile(filepath.Join(dir, "incusd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
 	}
 	cmd := exec.Command(incusd, "--group", "root", "--verbose")
 	cmd.Env = append(os.Environ(), "INCUS_DIR="+dir)
@@ -198,23 +231,29 @@ func start() (d *Daemon, skip string, err error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGPWR}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, "", errors.Join(fmt.Errorf("start %s: %w", incusd, err), os.RemoveAll(dir))
+		return nil, fmt.Errorf("start %s: %w", incusd, err)
 	}
-	d = &Daemon{
-		Dir:    dir,
-		Socket: filepath.Join(dir, "unix.socket"),
-		Image:  ImageAlias,
-		cmd:    cmd,
-		exited: make(chan struct{}),
-		logf:   logf,
-	}
+	d := &Daemon{Dir: dir, Socket: filepath.Join(dir, "unix.socket"), cmd: cmd, exited: make(chan struct{}), logf: logf}
 	go func() { _ = cmd.Wait(); close(d.exited) }()
 	d.Client = incus.New(d.Socket)
+	return d, nil
+}
 
-	if err := d.setup(image); err != nil {
-		return nil, "", errors.Join(err, d.Close())
+// waitReady waits until the daemon answers, or reports its exit with its log.
+func (d *Daemon) waitReady(ctx context.Context) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := make(chan error, 1)
+	go func() { ready <- d.Client.WaitReady(rctx) }()
+	select {
+	case err := <-ready:
+		if err != nil {
+			return fmt.Errorf("incusd did not become ready: %w\n%s", err, d.LogTail(40))
+		}
+		return nil
+	case <-d.exited:
+		return fmt.Errorf("incusd exited during startup (%v)\n%s", d.cmd.ProcessState, d.LogTail(40))
 	}
-	return d, "", nil
 }
 
 // setup waits for the daemon and creates the pool, the profile's root disk
@@ -222,23 +261,27 @@ func start() (d *Daemon, skip string, err error) {
 func (d *Daemon) setup(image []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	ready := make(chan error, 1)
-	go func() { ready <- d.Client.WaitReady(ctx) }()
-	select {
-	case err := <-ready:
-		if err != nil {
-			return fmt.Errorf("incusd did not become ready: %w\n%s", err, d.LogTail(40))
-		}
-	case <-d.exited:
-		cancel()
-		return fmt.Errorf("incusd exited during startup (%v)\n%s", d.cmd.ProcessState, d.LogTail(40))
+	if err := d.waitReady(ctx); err != nil {
+		return err
 	}
+	if err := defaultStorage(ctx, d.Client); err != nil {
+		return fmt.Errorf("%w\n%s", err, d.LogTail(20))
+	}
+	fp, err := d.Client.ImportImage(ctx, bytes.NewReader(image), nil, ImageAlias)
+	if err != nil {
+		return fmt.Errorf("import busybox image: %w\n%s", err, d.LogTail(20))
+	}
+	d.Image, d.ImageFingerprint = ImageAlias, fp
+	return nil
+}
 
-	c := d.Client
+// defaultStorage creates the "dir" pool named "default" and gives the default profile
+// its root disk there (no network: instances need none).
+func defaultStorage(ctx context.Context, c *incus.Client) error {
 	if err := c.Query(ctx, "POST", "/1.0/storage-pools", map[string]any{
 		"name": "default", "driver": "dir",
 	}, nil); err != nil {
-		return fmt.Errorf("create storage pool: %w\n%s", err, d.LogTail(20))
+		return fmt.Errorf("create storage pool: %w", err)
 	}
 	if err := c.Query(ctx, "PATCH", "/1.0/profiles/default", map[string]any{
 		"devices": map[string]map[string]string{
@@ -247,11 +290,6 @@ func (d *Daemon) setup(image []byte) error {
 	}, nil); err != nil {
 		return fmt.Errorf("add root disk to default profile: %w", err)
 	}
-	fp, err := c.ImportImage(ctx, bytes.NewReader(image), nil, ImageAlias)
-	if err != nil {
-		return fmt.Errorf("import busybox image: %w\n%s", err, d.LogTail(20))
-	}
-	d.ImageFingerprint = fp
 	return nil
 }
 
@@ -299,6 +337,44 @@ func (d *Daemon) removeInstance(ctx context.Context, name string) error {
 	return nil
 }
 
+// removeInstances kills and deletes every instance the daemon (or, through a cluster
+// member, the cluster) has.
+func (d *Daemon) removeInstances(ctx context.Context) []error {
+	var urls []string
+	if err := d.Client.Query(ctx, "GET", "/1.0/instances", nil, &urls); err != nil {
+		return []error{fmt.Errorf("list instances: %w", err)}
+	}
+	var errs []error
+	for _, u := range urls {
+		name := u[strings.LastIndex(u, "/")+1:]
+		if err := d.removeInstance(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("remove instance %s: %w", name, err))
+		}
+	}
+	return errs
+}
+
+// stop shuts the daemon down, SIGPWR (it stops its instances, unmounts and exits),
+// killing it past shutdownTimeout, and closes its log; d.mu is held.
+func (d *Daemon) stop() error {
+	var err error
+	select {
+	case <-d.exited:
+	default:
+		_ = d.cmd.Process.Signal(syscall.SIGPWR)
+		select {
+		case <-d.exited:
+		case <-time.After(shutdownTimeout):
+			_ = d.cmd.Process.Kill()
+			<-d.exited
+			err = fmt.Errorf("incusd did not shut down within %s; killed\n%s", shutdownTimeout, d.LogTail(20))
+		}
+	}
+	d.cmd = nil
+	d.logf.Close()
+	return err
+}
+
 // Close deletes all instances, shuts the daemon down, unmounts what it left
 // mounted and removes its directory. It is safe to call more than once.
 func (d *Daemon) Close() error {
@@ -308,34 +384,16 @@ func (d *Daemon) Close() error {
 		return nil
 	}
 	var errs []error
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-
 	select {
 	case <-d.exited:
 	default:
-		var urls []string
-		if err := d.Client.Query(ctx, "GET", "/1.0/instances", nil, &urls); err != nil {
-			errs = append(errs, fmt.Errorf("list instances: %w", err))
-		}
-		for _, u := range urls {
-			name := u[strings.LastIndex(u, "/")+1:]
-			if err := d.removeInstance(ctx, name); err != nil {
-				errs = append(errs, fmt.Errorf("remove instance %s: %w", name, err))
-			}
-		}
-		// SIGPWR: stop instances, unmount, exit.
-		_ = d.cmd.Process.Signal(syscall.SIGPWR)
-		select {
-		case <-d.exited:
-		case <-ctx.Done():
-			_ = d.cmd.Process.Kill()
-			<-d.exited
-			errs = append(errs, fmt.Errorf("incusd did not shut down within %s; killed\n%s", shutdownTimeout, d.LogTail(20)))
-		}
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		errs = d.removeInstances(ctx)
+		cancel()
 	}
-	d.cmd = nil
-	d.logf.Close()
+	if err := d.stop(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := unmountUnder(d.Dir); err != nil {
 		errs = append(errs, err)
 	}

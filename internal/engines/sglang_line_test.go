@@ -1,4 +1,4 @@
-package sglang
+package engines
 
 import (
 	"testing"
@@ -96,7 +96,7 @@ func TestParseLine(t *testing.T) {
 			want: Event{Time: at("2026-05-01 12:00:00"), Rank: "TP0", Kind: KindDecode, GenThroughput: fp(1.5)},
 			ok:   true,
 		},
-		{name: "ready line", line: "[2025-09-11 10:26:05] " + ReadyLine},
+		{name: "ready line", line: "[2025-09-11 10:26:05] " + SGLangReadyLine},
 		{name: "load weight", line: "[2026-05-01 12:00:00 TP0] Load weight end. type=Qwen3NextForCausalLM, dtype=torch.bfloat16, avail mem=21.01 GB, mem usage=25.91 GB."},
 		{name: "decode word only", line: "[2026-05-01 12:00:00 TP0] Decode batch"},
 		{name: "decode without fields", line: "Decode batch, nothing: here"},
@@ -174,7 +174,7 @@ func FuzzParseLine(f *testing.F) {
 		var m Metrics
 		m.UpdateIn(line, time.UTC)
 		DetectFailure([]string{line})
-		ParseExposition(line)
+		parseExposition(line)
 		_, _ = ParsePrometheus(line)
 	})
 }

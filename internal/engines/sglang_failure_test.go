@@ -1,4 +1,4 @@
-package sglang
+package engines
 
 import (
 	"strings"

@@ -1,17 +1,13 @@
-package serverlog
+package engines
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"math"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/agent-dev/agent/internal/sglang"
 )
 
 // Dialect is the engine whose log and /metrics are read. The values are the
@@ -35,7 +31,7 @@ func ReadyLine(d Dialect) string {
 	case LlamaCPP:
 		return "server is listening on"
 	}
-	return sglang.ReadyLine
+	return SGLangReadyLine
 }
 
 var (
@@ -79,7 +75,7 @@ func vote(line string) Dialect {
 		strings.Contains(bare, "llama_server:"), strings.HasPrefix(bare, "build: ") && strings.Contains(bare, "llama"):
 		return LlamaCPP
 	}
-	if _, _, ok := sglang.SplitPrefix(line, time.UTC); ok {
+	if _, _, ok := SplitPrefix(line, time.UTC); ok {
 		return SGLang
 	}
 	return ""
@@ -129,9 +125,9 @@ func stamp(s string, loc *time.Location, now time.Time) (time.Time, bool) {
 	return t, true
 }
 
-// scanner folds lines of any dialect into one sglang.Metrics.
+// scanner folds lines of any dialect into one Metrics.
 type scanner struct {
-	m          sglang.Metrics
+	m          Metrics
 	votes      tally
 	loc        *time.Location
 	now        time.Time
@@ -167,7 +163,7 @@ func (s *scanner) line(raw string) {
 		s.m.ListenURL = m[1]
 	}
 	if m := vllmStats.FindStringSubmatch(msg); m != nil {
-		ev := sglang.Event{Time: at, Kind: sglang.KindDecode}
+		ev := Event{Time: at, Kind: KindDecode}
 		if m[1] != "" {
 			n, _ := strconv.Atoi(m[1])
 			ev.Rank = "DP" + strconv.Itoa(n)
@@ -202,7 +198,7 @@ func (s *scanner) line(raw string) {
 	}
 }
 
-func (s *scanner) result() sglang.Metrics {
+func (s *scanner) result() Metrics {
 	if s.votes.winner() == VLLM {
 		// uvicorn's startup line: for SGLang it comes before the warm-up and
 		// means nothing; for vLLM the engine is up by then.
@@ -214,11 +210,11 @@ func (s *scanner) result() sglang.Metrics {
 }
 
 // ScanMetrics reads a whole log of any of the three engines and returns the
-// latest serving state it shows (see sglang.Metrics). It stops with ctx's
+// latest serving state it shows (see Metrics). It stops with ctx's
 // error when ctx is done.
-func ScanMetrics(ctx context.Context, r io.Reader) (sglang.Metrics, error) {
+func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
 	s := &scanner{votes: tally{}, loc: time.Local, now: time.Now()}
-	err := sglang.ScanLines(ctx, r, s.line)
+	err := scanLines(ctx, r, s.line)
 	return s.result(), err
 }
 
@@ -239,156 +235,4 @@ func integer(s string) *int {
 		return nil
 	}
 	return &n
-}
-
-// ErrNoMetrics is returned by ParsePrometheus when the exposition has no
-// series of any known engine.
-var ErrNoMetrics = errors.New("no sglang:, vllm: or llamacpp: metrics in exposition")
-
-// ParsePrometheus reads a /metrics exposition of SGLang (sglang:), vLLM
-// (vllm:) or llama.cpp (llamacpp:).
-func ParsePrometheus(text string) (sglang.Metrics, error) {
-	switch {
-	case strings.Contains(text, "sglang:"):
-		return sglang.ParsePrometheus(text)
-	case strings.Contains(text, "vllm:"):
-		return vllmPrometheus(sglang.ParseExposition(text))
-	case strings.Contains(text, "llamacpp:"):
-		return llamaPrometheus(sglang.ParseExposition(text))
-	}
-	return sglang.Metrics{}, fmt.Errorf("parse metrics: %w", ErrNoMetrics)
-}
-
-// totals sums each series name over its labels (vLLM labels every series
-// with engine and model_name, counters also with finished_reason and such)
-// and keeps the maximum for the names in peak.
-func totals(samples []sglang.Sample, prefix string, peak ...string) map[string]float64 {
-	out := map[string]float64{}
-	for _, s := range samples {
-		if !strings.HasPrefix(s.Name, prefix) || math.IsNaN(s.Value) || math.IsInf(s.Value, 0) {
-			continue
-		}
-		prev, seen := out[s.Name]
-		switch {
-		case !seen:
-			out[s.Name] = s.Value
-		case contains(peak, s.Name):
-			out[s.Name] = math.Max(prev, s.Value)
-		default:
-			out[s.Name] = prev + s.Value
-		}
-	}
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-// vLLM's metric names (vllm/v1/metrics/loggers.py; v0's in brackets).
-const (
-	VLLMRunning         = "vllm:num_requests_running"
-	VLLMWaiting         = "vllm:num_requests_waiting"
-	VLLMKVUsage         = "vllm:kv_cache_usage_perc"  // 0..1 despite the name
-	VLLMGPUCacheUsage   = "vllm:gpu_cache_usage_perc" // v0
-	VLLMPromptTokens    = "vllm:prompt_tokens_total"
-	VLLMGenTokens       = "vllm:generation_tokens_total"
-	VLLMRequests        = "vllm:request_success_total"
-	VLLMGenThroughput   = "vllm:avg_generation_throughput_toks_per_s" // v0
-	VLLMPrefixHits      = "vllm:prefix_cache_hits_total"
-	VLLMPrefixQueries   = "vllm:prefix_cache_queries_total"
-	VLLMSpecDrafts      = "vllm:spec_decode_num_drafts_total"
-	VLLMSpecDraftTokens = "vllm:spec_decode_num_draft_tokens_total"
-	VLLMSpecAccepted    = "vllm:spec_decode_num_accepted_tokens_total"
-)
-
-func vllmPrometheus(samples []sglang.Sample) (sglang.Metrics, error) {
-	t := totals(samples, "vllm:", VLLMKVUsage, VLLMGPUCacheUsage)
-	if len(t) == 0 {
-		return sglang.Metrics{}, fmt.Errorf("parse vllm metrics: %w", ErrNoMetrics)
-	}
-	var m sglang.Metrics
-	get := func(name string) *float64 {
-		if v, ok := t[name]; ok {
-			return &v
-		}
-		return nil
-	}
-	toInt := func(f *float64) *int {
-		if f == nil || math.Abs(*f) >= 1<<53 {
-			return nil
-		}
-		n := int(*f)
-		return &n
-	}
-	m.RunningReqs = toInt(get(VLLMRunning))
-	m.QueueReqs = toInt(get(VLLMWaiting))
-	m.TokenUsage = get(VLLMKVUsage)
-	if m.TokenUsage == nil {
-		m.TokenUsage = get(VLLMGPUCacheUsage)
-	}
-	m.PromptTokens = get(VLLMPromptTokens)
-	m.GenerationTokens = get(VLLMGenTokens)
-	m.Requests = get(VLLMRequests)
-	m.GenThroughput = get(VLLMGenThroughput)
-	if q := t[VLLMPrefixQueries]; q > 0 {
-		r := t[VLLMPrefixHits] / q
-		m.CacheHitRate = &r
-	}
-	// Speculative decoding: counters exist only when it is on, and mean
-	// nothing before the first draft.
-	if d, dt := t[VLLMSpecDrafts], t[VLLMSpecDraftTokens]; d > 0 && dt > 0 {
-		l := 1 + t[VLLMSpecAccepted]/d
-		r := t[VLLMSpecAccepted] / dt
-		m.AcceptLen, m.AcceptRate = &l, &r
-	}
-	return m, nil
-}
-
-// llama.cpp's metric names (tools/server, with --metrics).
-const (
-	LlamaPromptTokens   = "llamacpp:prompt_tokens_total"
-	LlamaPredicted      = "llamacpp:tokens_predicted_total"
-	LlamaPredictedRate  = "llamacpp:predicted_tokens_seconds"
-	LlamaPromptRate     = "llamacpp:prompt_tokens_seconds"
-	LlamaProcessing     = "llamacpp:requests_processing"
-	LlamaDeferred       = "llamacpp:requests_deferred"
-	LlamaKVUsage        = "llamacpp:kv_cache_usage_ratio" // removed in 2025 builds
-	LlamaKVTokens       = "llamacpp:kv_cache_tokens"      // removed in 2025 builds
-	LlamaDecodeRequests = "llamacpp:n_decode_total"
-)
-
-func llamaPrometheus(samples []sglang.Sample) (sglang.Metrics, error) {
-	t := totals(samples, "llamacpp:")
-	if len(t) == 0 {
-		return sglang.Metrics{}, fmt.Errorf("parse llama.cpp metrics: %w", ErrNoMetrics)
-	}
-	var m sglang.Metrics
-	f := func(name string) *float64 {
-		if v, ok := t[name]; ok {
-			return &v
-		}
-		return nil
-	}
-	i := func(name string) *int {
-		if v, ok := t[name]; ok && math.Abs(v) < 1<<53 {
-			n := int(v)
-			return &n
-		}
-		return nil
-	}
-	m.PromptTokens = f(LlamaPromptTokens)
-	m.GenerationTokens = f(LlamaPredicted)
-	m.GenThroughput = f(LlamaPredictedRate)
-	m.InputThroughput = f(LlamaPromptRate)
-	m.RunningReqs = i(LlamaProcessing)
-	m.QueueReqs = i(LlamaDeferred)
-	m.TokenUsage = f(LlamaKVUsage)
-	m.Tokens = i(LlamaKVTokens)
-	return m, nil
 }

@@ -1,4 +1,4 @@
-package serverlog
+package engines
 
 import (
 	"context"
@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/agent-dev/agent/internal/sglang"
 )
 
 // readCorpus returns a testdata file's lines without its comments; every
@@ -119,16 +117,16 @@ func TestDetectFailureDialects(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		file string
-		kind sglang.FailureKind
+		kind FailureKind
 		hint string
 	}{
-		{"failure-vllm-oom-kv.log", sglang.FailureOOM, "--gpu-memory-utilization"},
-		{"failure-vllm-oom-free.log", sglang.FailureOOM, "another process"},
+		{"failure-vllm-oom-kv.log", FailureOOM, "--gpu-memory-utilization"},
+		{"failure-vllm-oom-free.log", FailureOOM, "another process"},
 		{"failure-vllm-engine-crash.log", FailureEngineCrash, "traceback above"},
-		{"failure-vllm-bad-flag.log", sglang.FailureBadFlag, "argparse"},
-		{"failure-llamacpp-model-path.log", sglang.FailureModelPath, "unknown model architecture"},
-		{"failure-llamacpp-port-in-use.log", sglang.FailurePortInUse, "--port"},
-		{"failure-llamacpp-oom.log", sglang.FailureOOM, "-ngl"},
+		{"failure-vllm-bad-flag.log", FailureBadFlag, "argparse"},
+		{"failure-llamacpp-model-path.log", FailureModelPath, "unknown model architecture"},
+		{"failure-llamacpp-port-in-use.log", FailurePortInUse, "--port"},
+		{"failure-llamacpp-oom.log", FailureOOM, "-ngl"},
 	}
 	for _, tt := range tests {
 		f, ok := DetectFailure(readCorpus(t, tt.file))
@@ -138,7 +136,7 @@ func TestDetectFailureDialects(t *testing.T) {
 	}
 	// SGLang's own failures still come through.
 	f, ok := DetectFailure([]string{"[2026-05-01 12:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."})
-	if !ok || f.Kind != sglang.FailureOOM || !strings.Contains(f.Hint, "--mem-fraction-static") {
+	if !ok || f.Kind != FailureOOM || !strings.Contains(f.Hint, "--mem-fraction-static") {
 		t.Errorf("sglang: %+v", f)
 	}
 }

@@ -76,7 +76,7 @@ func (s Spec) environOver(base map[string]string) []string {
 	return out
 }
 
-// Started is a process a Runner launched.
+// Started is a process a Place launched.
 type Started struct {
 	// ID is the leader's PID and start time, read right after the start.
 	ID proc.Identity
@@ -94,22 +94,54 @@ type Started struct {
 	ExitStatus func() string
 }
 
-// Procs is what the lifecycle reads and does to processes: proc.FS on the host. PIDs
-// are the host's, also for processes inside containers.
+// Procs is what the lifecycle reads and does to the processes of one place: this
+// host's /proc (also for processes inside local containers, seen there with host PIDs),
+// or an instance's own /proc read through Incus exec (remoteProcs). Every call takes
+// the caller's context: a look inside an instance on another cluster member is an
+// exec that ctx bounds and cancels. Which processes make up a server is one rule for
+// both (proc.Target.Members).
 type Procs interface {
-	Stat(pid int) (proc.Stat, error)
-	Alive(id proc.Identity) (bool, error)
-	Cmdline(pid int) ([]string, error)
-	Environ(pid int) ([]string, error)
-	Cwd(pid int) (string, error)
-	UIDs(pid int) (real, effective uint32, err error)
-	BootTime() (time.Time, error)
-	PortOwners(port int) ([]int, error)
+	Stat(ctx context.Context, pid int) (proc.Stat, error)
+	Alive(ctx context.Context, id proc.Identity) (bool, error)
+	Cmdline(ctx context.Context, pid int) ([]string, error)
+	Environ(ctx context.Context, pid int) ([]string, error)
+	Cwd(ctx context.Context, pid int) (string, error)
+	UIDs(ctx context.Context, pid int) (real, effective uint32, err error)
+	BootTime(ctx context.Context) (time.Time, error)
+	PortOwners(ctx context.Context, port int) ([]int, error)
 	PortFree(ctx context.Context, port int, wait time.Duration) error
 	Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error)
 }
 
-var _ Procs = proc.FS{}
+// HostProcs is this host's /proc (fs) as Procs.
+func HostProcs(fs proc.FS) Procs { return hostProcs{fs} }
+
+// hostProcs is this host's /proc as Procs. Reading it never blocks, so ctx bounds only
+// the waits (PortFree, Stop).
+type hostProcs struct{ fs proc.FS }
+
+var _ Procs = hostProcs{}
+
+func (p hostProcs) Stat(_ context.Context, pid int) (proc.Stat, error) { return p.fs.Stat(pid) }
+func (p hostProcs) Alive(_ context.Context, id proc.Identity) (bool, error) {
+	return p.fs.Alive(id)
+}
+func (p hostProcs) Cmdline(_ context.Context, pid int) ([]string, error) { return p.fs.Cmdline(pid) }
+func (p hostProcs) Environ(_ context.Context, pid int) ([]string, error) { return p.fs.Environ(pid) }
+func (p hostProcs) Cwd(_ context.Context, pid int) (string, error)       { return p.fs.Cwd(pid) }
+func (p hostProcs) UIDs(_ context.Context, pid int) (real, effective uint32, err error) {
+	return p.fs.UIDs(pid)
+}
+func (p hostProcs) BootTime(context.Context) (time.Time, error) { return p.fs.BootTime() }
+func (p hostProcs) PortOwners(_ context.Context, port int) ([]int, error) {
+	return p.fs.PortOwners(port)
+}
+func (p hostProcs) PortFree(ctx context.Context, port int, wait time.Duration) error {
+	return p.fs.PortFree(ctx, port, wait)
+}
+func (p hostProcs) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error) {
+	return p.fs.Stop(ctx, t, sig, timeout)
+}
 
 // LogFile is one launch generation's log: <Dir>/<Name>.<Generation>.log, with
 // <Dir>/<Name>.log a symlink to it and Keep generations kept. Paths are the place's
@@ -124,11 +156,13 @@ type LogFile struct {
 // Path is the generation's log file.
 func (f LogFile) Path() string { return LogPath(f.Dir, f.Name, f.Generation) }
 
-// Runner is where a server runs: this host (Host), or an Incus instance (Incus).
-type Runner interface {
-	// Place names where processes run, for the launched identity and for messages:
-	// "host", "container sglang".
-	Place() string
+// Place is where a server runs: this machine (Local), or an Incus instance (Incus).
+// A place starts processes, observes and stops them, reaches their ports and reads
+// their files; the rest of the lifecycle is the same code for every place.
+type Place interface {
+	// Name names the place, for the launched identity and for messages: "host",
+	// "container sglang".
+	Name() string
 	// Start launches s detached: in a session and process group of its own, with
 	// stdin from /dev/null and stdout and stderr appended to log.Path(). Start makes
 	// log.Dir, refuses a <Name>.log that is not a symlink, creates the generation's
@@ -137,39 +171,41 @@ type Runner interface {
 	// itself, and ctx does not bound the process's life. When it returns an error with
 	// a non-nil *Started, the process runs (a later step failed).
 	Start(ctx context.Context, s Spec, log LogFile) (*Started, error)
-	// Procs observes and stops processes of this place. PIDs are the host's.
-	Procs() Procs
+	// Procs observes and stops processes of this place. PIDs are the host's, except
+	// for an instance on another cluster member (see Incus.Procs); ctx bounds the
+	// question of which that is.
+	Procs(ctx context.Context) Procs
 	// Endpoint is the host:port where this place's port is reached from the agent.
 	Endpoint(port int) string
 	// HostPath is where the agent reads a file of this place (a log file).
-	HostPath(path string) (string, error)
+	HostPath(ctx context.Context, path string) (string, error)
 }
 
-// Host runs servers on this machine.
-type Host struct {
+// Local is this machine as a place: servers run as its processes, seen in its /proc.
+type Local struct {
 	// Proc reads /proc; the zero value reads the real one.
 	Proc proc.FS
 }
 
-var _ Runner = Host{}
+var _ Place = Local{}
 
-// Place is "host".
-func (Host) Place() string { return "host" }
+// Name is "host".
+func (Local) Name() string { return "host" }
 
 // Procs is h.Proc.
-func (h Host) Procs() Procs { return h.Proc }
+func (h Local) Procs(context.Context) Procs { return hostProcs{h.Proc} }
 
 // Endpoint is 127.0.0.1:port.
-func (Host) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+func (Local) Endpoint(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
 
 // HostPath is path itself.
-func (Host) HostPath(path string) (string, error) { return path, nil }
+func (Local) HostPath(_ context.Context, path string) (string, error) { return path, nil }
 
 // ErrLogExists is wrapped when a launch would reuse an existing log file.
 var ErrLogExists = errors.New("log file of this generation already exists")
 
 // Start launches s with Setsid, its log file as stdout and stderr.
-func (h Host) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) {
+func (h Local) Start(ctx context.Context, s Spec, log LogFile) (*Started, error) {
 	if len(s.Argv) == 0 {
 		return nil, errors.New("start: empty command")
 	}

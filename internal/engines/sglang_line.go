@@ -1,4 +1,4 @@
-package sglang
+package engines
 
 import (
 	"strconv"
@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// ReadyLine is the line SGLang prints once its warm-up request succeeded.
-const ReadyLine = "The server is fired up and ready to roll!"
+// SGLangReadyLine is the line SGLang prints once its warm-up request succeeded.
+const SGLangReadyLine = "The server is fired up and ready to roll!"
 
 // TimeLayout is the layout of the timestamp in SGLang's log prefix
 // "[2026-05-01 12:00:00 TP0] ". The time is local to the server, without zone.

@@ -1,4 +1,4 @@
-package sglang
+package engines
 
 import (
 	"context"
@@ -132,10 +132,10 @@ func TestParsePrometheus(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Metrics{})); diff != "" {
 		t.Errorf("ParsePrometheus mismatch (-want +got):\n%s", diff)
 	}
-	if _, err := ParsePrometheus("go_goroutines 8\n"); !errors.Is(err, ErrNoSGLangMetrics) {
-		t.Errorf("no sglang metrics: err = %v, want ErrNoSGLangMetrics", err)
+	if _, err := ParsePrometheus("go_goroutines 8\n"); !errors.Is(err, ErrNoMetrics) {
+		t.Errorf("no sglang metrics: err = %v, want ErrNoMetrics", err)
 	}
-	s := ParseExposition(`sglang:prompt_tokens_total{model_name="qwen \"q\", v2"} 1`)
+	s := parseExposition(`sglang:prompt_tokens_total{model_name="qwen \"q\", v2"} 1`)
 	if len(s) != 1 || s[0].Labels["model_name"] != `qwen "q", v2` {
 		t.Errorf("escaped label: %+v", s)
 	}

@@ -1,4 +1,4 @@
-package sglang
+package engines
 
 import (
 	"bufio"
@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// Metrics is the latest serving state seen, either over a stream of log
-// lines (Update) or in one /metrics scrape (ParsePrometheus). A nil field was
-// never reported. The zero value is ready to use; it is not safe for
-// concurrent use.
+// Metrics is the latest serving state an engine showed, in any dialect: over a
+// log (ScanMetrics, or Update line by line for SGLang's) or in one /metrics
+// scrape (ParsePrometheus). A nil field was never reported. The zero value is
+// ready to use; it is not safe for concurrent use.
 type Metrics struct {
 	RunningReqs     *int
 	QueueReqs       *int
@@ -26,20 +26,21 @@ type Metrics struct {
 	GenThroughput   *float64
 	InputThroughput *float64
 
-	// From /metrics only: lifetime counters and the prefix cache hit rate.
+	// From /metrics (and vLLM's stats lines for the hit rate): lifetime counters
+	// and the prefix cache hit rate.
 	CacheHitRate     *float64
-	PromptTokens     *float64 // sglang:prompt_tokens_total
-	GenerationTokens *float64 // sglang:generation_tokens_total
-	Requests         *float64 // sglang:num_requests_total
+	PromptTokens     *float64 // sglang:prompt_tokens_total, vllm:prompt_tokens_total, llamacpp:prompt_tokens_total
+	GenerationTokens *float64 // sglang:generation_tokens_total, vllm:generation_tokens_total, llamacpp:tokens_predicted_total
+	Requests         *float64 // sglang:num_requests_total, vllm:request_success_total
 
 	// From logs only.
 	Lines        int       // lines seen
-	Events       int       // Prefill/Decode batch lines seen
+	Events       int       // batch (SGLang) or stats (vLLM) lines seen
 	LastLineTime time.Time // time of the newest prefixed line
 	LastEvent    time.Time // time of the newest batch line
-	Ready        bool      // ReadyLine seen
+	Ready        bool      // the dialect's ReadyLine seen
 	ReadyAt      time.Time
-	ListenURL    string // from "Uvicorn running on http://..."
+	ListenURL    string // from "Uvicorn running on http://...", or vLLM's and llama.cpp's own line
 
 	// ranks holds the latest decode figures of each data-parallel rank: with
 	// DP attention every DP rank logs its own Decode batch lines, and the
@@ -60,7 +61,8 @@ type rankDecode struct {
 // would inflate the sum for ever.
 const rankStale = time.Minute
 
-// Update folds one log line into m, reading its time as local time.
+// Update folds one SGLang log line into m, reading its time as local time
+// (ScanMetrics folds every dialect's).
 func (m *Metrics) Update(line string) {
 	m.UpdateIn(line, time.Local)
 }
@@ -72,7 +74,7 @@ func (m *Metrics) UpdateIn(line string, loc *time.Location) {
 	if ok {
 		m.LastLineTime = p.Time
 	}
-	if strings.Contains(msg, ReadyLine) {
+	if strings.Contains(msg, SGLangReadyLine) {
 		m.Ready = true
 		m.ReadyAt = p.Time
 	}
@@ -195,40 +197,26 @@ func keepFloat(dst **float64, v *float64) {
 }
 
 // maxLine bounds one log line; SGLang's server_args line runs to a few KiB,
-// tracebacks and tqdm bars can be long.
+// tracebacks and tqdm bars can be long. Longer lines are skipped, not an error.
 const maxLine = 1 << 20
 
-// ScanMetrics reads a whole log and returns the latest state it shows. It
-// stops with ctx's error when ctx is done. Lines longer than 1 MiB are
-// skipped, not an error.
-func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
-	var m Metrics
-	err := scanLines(ctx, r, func(line string) { m.Update(line) })
-	return m, err
-}
-
-// ScanLines calls fn for every line of r, skipping lines longer than 1 MiB,
-// and stops with ctx's error when ctx is done: the one log reader of SGLang's
-// and the other engines' parsers (package serverlog).
-func ScanLines(ctx context.Context, r io.Reader, fn func(string)) error {
-	return scanLines(ctx, r, fn)
-}
-
-// scanLines calls fn for every line of r, tolerating overlong lines.
+// scanLines calls fn for every line of r, skipping lines longer than maxLine,
+// and stops with ctx's error when ctx is done: the one log reader of every
+// dialect.
 func scanLines(ctx context.Context, r io.Reader, fn func(string)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var long bool
 	var buf []byte
 	for {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("scan sglang log: %w", err)
+			return fmt.Errorf("scan server log: %w", err)
 		}
 		chunk, isPrefix, err := br.ReadLine()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("scan sglang log: %w", err)
+			return fmt.Errorf("scan server log: %w", err)
 		}
 		if !long {
 			buf = append(buf, chunk...)

@@ -1,56 +1,9 @@
-package sglang
+package engines
 
 import (
 	"regexp"
 	"strings"
-	"unicode/utf8"
 )
-
-// FailureKind names a known way an SGLang launch dies.
-type FailureKind string
-
-// The failures DetectFailure recognises.
-const (
-	FailureOOM            FailureKind = "oom"             // out of GPU memory
-	FailureCUDAGraph      FailureKind = "cuda-graph"      // CUDA graph capture failed (not for memory)
-	FailureBadFlag        FailureKind = "bad-flag"        // argparse rejected the command line
-	FailureModelPath      FailureKind = "model-path"      // the checkpoint is not where --model-path says
-	FailurePortInUse      FailureKind = "port-in-use"     // something else holds the port
-	FailureNoGPU          FailureKind = "no-gpu"          // CUDA sees no device
-	FailureNCCL           FailureKind = "nccl"            // NCCL could not set up the GPUs' communicator
-	FailureSchedulerCrash FailureKind = "scheduler-crash" // any other scheduler exception
-)
-
-// Failure is a recognised failure in a launch's log.
-type Failure struct {
-	Kind  FailureKind
-	Title string // what happened, for the operator: "out of GPU memory"
-	Hint  string // what to change
-	Line  string // the log line that shows it, prefix removed
-	Index int    // its index in the lines given
-}
-
-// String renders "out of GPU memory: <line> — <hint>".
-func (f Failure) String() string {
-	s := f.Title
-	if f.Line != "" {
-		s += ": " + f.Line
-	}
-	if f.Hint != "" {
-		s += " — " + f.Hint
-	}
-	return s
-}
-
-// rule recognises one failure. Rules are tried in order over all lines, so an
-// earlier rule names the root cause when a log shows several symptoms (an
-// OOM inside "Capture cuda graph failed" inside "Scheduler hit an exception").
-type rule struct {
-	kind  FailureKind
-	title string
-	hint  string
-	match func(msg string) bool
-}
 
 // argparseError matches argparse's last line, "PROG: error: MSG". PROG is
 // "launch_server.py" for `python -m sglang.launch_server` before 2026, and
@@ -65,19 +18,9 @@ var argparseError = regexp.MustCompile(`^(?:[\w./\-]+(?: serve)?: error: \S|(?:S
 // rpc_port at 30235 is not available in 30 seconds. …".
 var internalPortBusy = regexp.MustCompile(`\b[a-z_]*port at \d+ is not available`)
 
-func contains(subs ...string) func(string) bool {
-	return func(msg string) bool {
-		for _, s := range subs {
-			if strings.Contains(msg, s) {
-				return true
-			}
-		}
-		return false
-	}
-}
-
-// rules is read-only after package initialisation.
-var rules = []rule{
+// sglangRules name SGLang's fatal errors; read-only after package
+// initialisation.
+var sglangRules = []rule{
 	{
 		kind:  FailureBadFlag,
 		title: "bad command line",
@@ -140,30 +83,15 @@ var rules = []rule{
 	},
 }
 
-// DetectFailure looks for a known failure in the lines of one launch's log
-// and names the most specific one. ok is false when none is recognised.
-func DetectFailure(lines []string) (Failure, bool) {
+// sglangFailure looks for a known SGLang failure in the lines of one launch's
+// log and names the most specific one. ok is false when none is recognised.
+func sglangFailure(lines []string) (Failure, bool) {
 	msgs := make([]string, len(lines))
 	for i, l := range lines {
 		_, msg, _ := SplitPrefix(strings.TrimRight(l, "\r\n"), nil)
-		msgs[i] = strings.TrimSpace(msg)
+		// message() also takes off another engine's head: SGLang's errors (NCCL) are
+		// raised in vLLM's workers too, and their tracebacks quoted the same way.
+		msgs[i] = message(strings.TrimSpace(msg))
 	}
-	for _, r := range rules {
-		for i, msg := range msgs {
-			if r.match(msg) {
-				return Failure{Kind: r.kind, Title: r.title, Hint: r.hint, Line: clip(msg, 300), Index: i}, true
-			}
-		}
-	}
-	return Failure{}, false
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return match(sglangRules, msgs)
 }
