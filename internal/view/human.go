@@ -227,6 +227,8 @@ func (v *View) ApplyEvent(ev agent.Event) {
 			} else {
 				v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
 			}
+		case st.Applied && st.Diff.Action == agent.Adopt:
+			v.printf("  ✓ %s: adopted, no restart; verified (%s)\n", st.Addr, st.Duration.Round(time.Millisecond))
 		case st.Applied:
 			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
 		}
@@ -278,6 +280,8 @@ func (v *View) summary(rep *agent.Report, verb string) {
 
 func progressive(a agent.Action) string {
 	switch a {
+	case agent.Adopt:
+		return "adopting"
 	case agent.Create:
 		return "creating"
 	case agent.Update:
@@ -294,6 +298,8 @@ func progressive(a agent.Action) string {
 
 func past(a agent.Action) string {
 	switch a {
+	case agent.Adopt:
+		return "adopted"
 	case agent.Create:
 		return "created"
 	case agent.Update:
