@@ -315,5 +315,7 @@ func (e *Engine) Destroy(ctx context.Context, onEvent func(Event)) *Report {
 	}
 	d := *e
 	d.resources, d.graph, d.destroying = resources, g, true
-	return d.Apply(ctx, onEvent)
+	rep := d.Apply(ctx, onEvent)
+	e.recordDestroyed(rep, resources)
+	return rep
 }

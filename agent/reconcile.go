@@ -83,7 +83,8 @@ func (e *Engine) Reconcile(ctx context.Context, addr string) *Step {
 }
 
 // Observe runs addr's Check alone (under its timeout): what Reconcile would act on, with
-// nothing changed. A loop uses it to see whether the host moved under a held resource.
+// nothing changed and nothing recorded (as a plan). A loop uses it to see whether the
+// host moved under a held resource.
 func (e *Engine) Observe(ctx context.Context, addr string) (*Diff, error) {
 	return e.check(ctx, addr)
 }
@@ -97,6 +98,9 @@ func (e *Engine) StatusOf(ctx context.Context, addr string, d *Diff) *Step {
 	defer func() { st.Duration = time.Since(start) }()
 	if st.Orphan {
 		e.orphanStatus(ctx, st)
+		return st
+	}
+	if e.destroyedStatus(ctx, st) {
 		return st
 	}
 	if s, ok := e.resources[addr].(Statuser); ok {

@@ -112,3 +112,24 @@ func DiagnosticsJSON(diags hcl.Diagnostics) []JSONDiagnostic {
 	}
 	return out
 }
+
+// DiagnosticsLine is diagnostics on one line, for a log or an error: each error as
+// "file:line,col: summary; detail" ("summary; detail" when it has no place: hcl's own
+// Error() prints a nil place as "<nil>:"), joined with "; and ".
+func DiagnosticsLine(diags hcl.Diagnostics) string {
+	var parts []string
+	for _, d := range diags {
+		if d.Severity != hcl.DiagError {
+			continue
+		}
+		s := d.Summary
+		if d.Detail != "" {
+			s += "; " + d.Detail
+		}
+		if d.Subject != nil {
+			s = d.Subject.String() + ": " + s
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; and ")
+}

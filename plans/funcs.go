@@ -16,7 +16,7 @@ type funcEntry = function.Function
 // functions is the function table of a plan loaded from dir: cty's stdlib under the names
 // Terraform users know, plus file(), fileexists(), basename() and dirname(), whose relative
 // paths resolve against the plan's directory.
-func functions(dir string) map[string]funcEntry {
+func functions(dir string, read func(path string)) map[string]funcEntry {
 	resolve := func(p string) string {
 		if filepath.IsAbs(p) {
 			return p
@@ -29,14 +29,8 @@ func functions(dir string) map[string]funcEntry {
 		Type:        function.StaticReturnType(cty.String),
 		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
 			p := resolve(args[0].AsString())
-			fi, err := os.Stat(p)
-			if err != nil {
-				return cty.NilVal, function.NewArgError(0, err)
-			}
-			if fi.Size() > MaxFileSize {
-				return cty.NilVal, function.NewArgErrorf(0, "%s is larger than %d bytes", p, MaxFileSize)
-			}
-			data, err := os.ReadFile(p)
+			read(p)
+			data, err := readInput(p, MaxFileSize)
 			if err != nil {
 				return cty.NilVal, function.NewArgError(0, err)
 			}
@@ -50,7 +44,9 @@ func functions(dir string) map[string]funcEntry {
 		Params: []function.Parameter{{Name: "path", Type: cty.String}},
 		Type:   function.StaticReturnType(cty.Bool),
 		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
-			_, err := os.Stat(resolve(args[0].AsString()))
+			p := resolve(args[0].AsString())
+			read(p)
+			_, err := os.Stat(p)
 			return cty.BoolVal(err == nil), nil
 		},
 	})
@@ -130,7 +126,7 @@ func (l *loader) funcTable() map[string]function.Function { return l.funcs }
 // FunctionNames lists the functions a plan may call, for the documentation test.
 func FunctionNames() []string {
 	var out []string
-	for n := range functions(".") {
+	for n := range functions(".", func(string) {}) {
 		out = append(out, n)
 	}
 	return out

@@ -48,7 +48,17 @@ func Load(path string, opts Options) (*Plan, hcl.Diagnostics) {
 	if err != nil {
 		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read plan", Detail: err.Error()}}
 	}
-	return LoadSources(dir, sources, opts)
+	p, diags := LoadSources(dir, sources, opts)
+	// The plan files come first among its inputs, in read order.
+	inputs := p.Inputs
+	p.Inputs = nil
+	for _, s := range sources {
+		p.addInput(s.Name)
+	}
+	for _, in := range inputs {
+		p.addInput(in)
+	}
+	return p, diags
 }
 
 // Source is one plan file's name and content.
@@ -95,14 +105,7 @@ func readSources(path string) ([]Source, string, error) {
 				return nil, "", err
 			}
 		}
-		fi, err := os.Stat(n)
-		if err != nil {
-			return nil, "", err
-		}
-		if fi.Size() > MaxFileSize {
-			return nil, "", fmt.Errorf("%s is %d bytes; plan files are limited to %d", n, fi.Size(), MaxFileSize)
-		}
-		data, err := os.ReadFile(n)
+		data, err := readInput(n, MaxFileSize)
 		if err != nil {
 			return nil, "", err
 		}
@@ -170,7 +173,7 @@ func LoadSources(dir string, sources []Source, opts Options) (*Plan, hcl.Diagnos
 		badVars:    map[string]bool{},
 		badLocals:  map[string]bool{},
 	}
-	l.funcs = functions(dir)
+	l.funcs = functions(dir, l.plan.addInput)
 	var files []*hcl.File
 	for _, s := range sources {
 		if diags := checkBounds(s.Name, s.Data); diags.HasErrors() {

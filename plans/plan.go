@@ -18,6 +18,10 @@ type Plan struct {
 	Dir string
 	// Files are the parsed source files by name, for rendering diagnostics.
 	Files map[string]*hcl.File
+	// Inputs are the absolute paths of every file the plan was loaded from: its plan
+	// files, its -var-files (also one that could not be read) and what file() and
+	// fileexists() looked at. `agent run` watches them all, wherever they live.
+	Inputs []string
 
 	Agent     AgentSettings
 	Host      HostSettings

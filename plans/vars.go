@@ -216,6 +216,7 @@ func subject(rng hcl.Range) *hcl.Range {
 }
 
 func (l *loader) varFile(decls map[string]*declared, path string) {
+	l.plan.addInput(path) // watched even while it cannot be read: its return is a change
 	data, err := readVarFile(path)
 	if err != nil {
 		l.diags = append(l.diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Cannot read variable file", Detail: err.Error()})
@@ -367,12 +368,5 @@ func readVarFile(path string) ([]byte, error) {
 	if err := CheckOwnership(path, os.Geteuid(), false); err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() > MaxFileSize {
-		return nil, fmt.Errorf("%s is %d bytes; variable files are limited to %d", path, fi.Size(), MaxFileSize)
-	}
-	return os.ReadFile(path)
+	return readInput(path, MaxFileSize)
 }

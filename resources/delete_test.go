@@ -172,6 +172,16 @@ func TestDownloadEnsureAbsentRemovesOnlyManifestFiles(t *testing.T) {
 	if _, err := fetch.Fetch(ctx, files, fetch.Options{Dest: dest}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Lstat(filepath.Join(dest, ".agent-fetch.lock")); err != nil {
+		t.Fatalf("fetch left no lock file to prove its removal: %v", err)
+	}
+	// A partial fetch left (its sidecar), in a directory of its own: fetch's, removed too.
+	os.MkdirAll(filepath.Join(dest, "part"), 0o755)
+	for _, n := range []string{"part/.c.bin.partial", "part/.c.bin.partial.json"} {
+		if err := os.WriteFile(filepath.Join(dest, n), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dest, "mine.txt"), []byte("the operator's"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -182,16 +192,30 @@ func TestDownloadEnsureAbsentRemovesOnlyManifestFiles(t *testing.T) {
 	if st.Err != nil || st.Diff.Action != agent.Delete || len(st.Diff.Changes) != 2 {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
+	if w := strings.Join(st.Diff.Warnings, "\n"); !strings.Contains(w, dest+" is kept: it holds 1 files the agent did not place (mine.txt)") {
+		t.Errorf("plan warnings %q: the operator's file is not said", w)
+	}
 	if st = e.Apply(ctx, nil).Steps[0]; st.Err != nil || !st.Applied {
 		t.Fatalf("apply: %v", st.Err)
 	}
-	for _, n := range []string{"a.bin", "sub/b.bin", "sub", fetch.ManifestName} {
+	for _, n := range []string{"a.bin", "sub/b.bin", "sub", fetch.ManifestName, ".agent-fetch.lock", "part"} {
 		if _, err := os.Lstat(filepath.Join(dest, n)); !os.IsNotExist(err) {
 			t.Errorf("%s after the delete: %v", n, err)
 		}
 	}
 	if data, err := os.ReadFile(filepath.Join(dest, "mine.txt")); err != nil || string(data) != "the operator's" {
 		t.Errorf("the operator's file: %q %v", data, err)
+	}
+	// Without the operator's file, nothing is left: dest itself goes.
+	os.Remove(filepath.Join(dest, "mine.txt"))
+	if _, err := fetch.Fetch(ctx, files, fetch.Options{Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	if st = e.Apply(ctx, nil).Steps[0]; st.Err != nil || !st.Applied || len(st.Diff.Warnings) != 0 {
+		t.Fatalf("second apply: %v %v", st.Err, st.Diff.Warnings)
+	}
+	if _, err := os.Lstat(dest); !os.IsNotExist(err) {
+		t.Errorf("dest after a delete that left nothing of the operator's: %v", err)
 	}
 }
 

@@ -18,9 +18,11 @@ import (
 )
 
 // A download is deleted (ensure = "absent", agent destroy, an orphan) by removing exactly
-// the files its manifest lists as verified, then the manifest, then the directories
-// that leaves empty, dest included. Anything else in dest (files the operator put there,
-// partial files) stays: the manifest is the only proof of what the agent placed.
+// the files its manifest lists as verified, then what fetch keeps beside them (the
+// lock, partial files and their sidecars: names a plan may not use, fetch.Own), then the
+// manifest, then the directories that leaves empty, dest included. Anything else in dest
+// (files the operator put there) stays, and the step warns that dest is kept with them:
+// the manifest is the only proof of what the agent placed.
 
 var _ agent.Ensurer = (*Download)(nil)
 
@@ -62,6 +64,7 @@ func orphanDownload(addr string, st *state.Scoped) (agent.Resource, error) {
 // downloadDelete is what checkAbsent found, for applyAbsent.
 type downloadDelete struct {
 	files  []string // relative to dest, present on disk
+	own    []string // fetch's own files in dest (the lock, partials): removed too
 	forget bool     // only the record is left
 }
 
@@ -85,6 +88,36 @@ func (d *Download) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 	}
 	if len(det.files) == 0 && len(names) > 0 {
 		diff.Add(agent.Removed("manifest", agent.Raw(filepath.Join(d.dest, fetch.ManifestName))).Because(agent.Deletes, d.why))
+	}
+	own, others, err := fetch.Contents(d.dest)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.dest, err)
+	}
+	listed := map[string]bool{}
+	for _, n := range names {
+		listed[n] = true
+	}
+	for _, n := range own {
+		if n != fetch.ManifestName {
+			det.own = append(det.own, n)
+		}
+	}
+	if len(diff.Changes) == 0 && len(det.own) > 0 {
+		diff.Add(agent.Removed("leftovers", agent.Raw(fmt.Sprintf("%d files the agent keeps while downloading (%s)", len(det.own), strings.Join(det.own, ", ")))).Because(agent.Deletes, d.why))
+	}
+	var foreign []string
+	for _, n := range others {
+		if !listed[n] {
+			foreign = append(foreign, n)
+		}
+	}
+	if len(foreign) > 0 {
+		shown := foreign[:min(len(foreign), 5)]
+		more := ""
+		if len(foreign) > len(shown) {
+			more = fmt.Sprintf(" and %d more", len(foreign)-len(shown))
+		}
+		diff.Warnings = append(diff.Warnings, fmt.Sprintf("%s is kept: it holds %d files the agent did not place (%s%s); they are left as they are", d.dest, len(foreign), strings.Join(shown, ", "), more))
 	}
 	if len(diff.Changes) == 0 {
 		has, err := env.State.Load(&downloadRecord{})
@@ -117,6 +150,14 @@ func (d *Download) applyAbsent(env *agent.Env, diff *agent.Diff) error {
 			dirs := map[string]bool{}
 			for _, n := range det.files {
 				if err := root.Remove(n); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("remove %s: %w", filepath.Join(d.dest, n), err)
+				}
+				for dir := filepath.Dir(n); dir != "." && dir != "/"; dir = filepath.Dir(dir) {
+					dirs[dir] = true
+				}
+			}
+			for _, n := range det.own {
+				if err := root.Remove(filepath.FromSlash(n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 					return fmt.Errorf("remove %s: %w", filepath.Join(d.dest, n), err)
 				}
 				for dir := filepath.Dir(n); dir != "." && dir != "/"; dir = filepath.Dir(dir) {

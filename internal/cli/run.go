@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -14,6 +16,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/daemon"
 	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -71,6 +74,48 @@ func statusFromDaemon(p *plans.Plan, stateDir string, asJSON bool, stdout io.Wri
 	if addr == "" {
 		addr = daemon.DefaultListen
 	}
+	return statusFromDaemonAt(addr, stateDir, asJSON, stdout, red)
+}
+
+// statusWithoutPlan is `agent status` when the plan does not load here (a var file gone,
+// an edit with a typo): the daemon running on the state directory (--state-dir, else the
+// default) still serves its last good plan, and its view is what the host does. The
+// plan's errors go to stderr first; the daemon's /status says the plan is invalid too
+// (ok false), so the exit code is at least degraded. ok is false when no daemon answers.
+func statusWithoutPlan(stateDir string, p *plans.Plan, diags hcl.Diagnostics, asJSON bool, stdout, stderr io.Writer, red *view.Redactor) (int, bool) {
+	if stateDir == "" {
+		stateDir = state.DefaultDir
+	}
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return 0, false
+	}
+	ri, err := daemon.ReadRunFile(abs)
+	if err != nil || ri.Listen == "" {
+		return 0, false
+	}
+	var out bytes.Buffer
+	code, ok := statusFromDaemonAt(ri.Listen, abs, asJSON, &out, red)
+	if !ok {
+		return 0, false
+	}
+	if !asJSON {
+		var files map[string]*hcl.File
+		if p != nil {
+			files = p.Files
+		}
+		plans.WriteDiagnostics(stderr, files, diags)
+		fmt.Fprintf(stderr, "\nThe plan does not load here; agent run (PID %d) runs its last good one. Its view:\n", ri.PID)
+	}
+	stdout.Write(out.Bytes())
+	if code == ExitOK {
+		code = ExitDegraded
+	}
+	return code, true
+}
+
+// statusFromDaemonAt asks the daemon answering at addr, when it manages stateDir.
+func statusFromDaemonAt(addr, stateDir string, asJSON bool, stdout io.Writer, red *view.Redactor) (int, bool) {
 	client := &http.Client{Timeout: 30 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()

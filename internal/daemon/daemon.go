@@ -29,14 +29,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
@@ -98,6 +96,12 @@ type Config struct {
 	// StopProgress is how often a stop that waits for a server to exit is logged
 	// (DefaultStopProgress when zero).
 	StopProgress time.Duration
+	// ProgressEvery is how often long work (a download) logs where it stands: bytes,
+	// rate, ETA (view.DefaultProgressEvery when zero).
+	ProgressEvery time.Duration
+	// LoadTimeout bounds one load of the plan (DefaultLoadTimeout when zero): a load
+	// past it is abandoned, and the last good plan keeps running.
+	LoadTimeout time.Duration
 	// Version is the agent's version, for the start line; StartAttrs are what the caller
 	// adds to it (whether servers run in systemd units: the loop knows no kind).
 	Version    string
@@ -111,7 +115,9 @@ type Daemon struct {
 	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  notifier
 	metrics *metrics
-	queue   *workQueue
+	// progress says when long work's next progress line is due in the log.
+	progress view.ProgressLines
+	queue    *workQueue
 	// work is the workers' context: it ends only after the stop grace.
 	work context.Context
 
@@ -130,6 +136,12 @@ type Daemon struct {
 	lastErr  string    // the last plan load error, reported while the old plan runs
 	summary  string    // the last STATUS= sent
 	reloaded time.Time // when the current plan was accepted
+	loading  time.Time // when the load in flight began (zero: none)
+	// goodInputs and triedInputs are the files the last good plan and the last load
+	// read: all are watched. inputsChanged tells the watch to follow them.
+	goodInputs, triedInputs []string
+	inputsChanged           chan struct{}
+	loadedStamp             string // the inputs' stat after the last load (inputStamp)
 	// rollouts are the rollout groups' permits, shared by every engine of the loop (one
 	// per accepted plan) so that a reload never forgets a disruption in flight.
 	rollouts *agent.Rollouts
@@ -186,6 +198,7 @@ func (rs *resState) stopWatch() {
 func Run(ctx context.Context, cfg Config) error {
 	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
+	d.progress.Every = cfg.ProgressEvery
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -196,7 +209,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if d.debugOn() {
 		d.queue.trace = d.traceQueue
 	}
-	if err := d.reload(); err != nil {
+	p, diags, err := d.loadNow(ctx)
+	if err != nil {
+		return err
+	}
+	if err := d.install(p, diags); err != nil {
 		return err
 	}
 
@@ -234,10 +251,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Release()
+	d.writeRunFile(addr)
 	if err := d.eng.Prepare(ctx); err != nil {
 		d.notify.stopping()
 		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
 	}
+	leave, err := d.joinFleet(ctx)
+	if err != nil {
+		d.notify.stopping()
+		return fmt.Errorf("plan %s: %w", cfg.PlanPath, err)
+	}
+	defer leave()
 	changed, closeWatch := d.watch(ctx)
 	defer closeWatch()
 	go d.watchdog(ctx)
@@ -262,6 +286,11 @@ func Run(ctx context.Context, cfg Config) error {
 	d.mu.Unlock()
 	d.publish()
 
+	// A reload never waits for the steps in flight: the new plan is in place as soon as
+	// it is loaded (each resource in flight is reconciled again under it when its step
+	// ends), so READY=1 follows RELOADING=1 right away. The load itself runs beside the
+	// loop, under a deadline: a file that blocks never holds a signal or a later edit.
+	rl := d.newReloads()
 	for {
 		select {
 		case <-ctx.Done():
@@ -269,22 +298,15 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		case <-hup:
 			d.log.Info("SIGHUP: reloading the plan")
+			rl.trigger()
 		case <-changed:
 			d.log.Info("plan file changed: reloading")
+			rl.trigger()
+		case r := <-rl.results:
+			rl.done(r)
+		case <-rl.timer.C:
+			rl.expired()
 		}
-		// A reload never waits for the steps in flight: the new plan is in place at
-		// once (each resource in flight is reconciled again under it when its step
-		// ends), so READY=1 follows RELOADING=1 right away.
-		d.notify.reloading()
-		if err := d.reload(); err != nil {
-			d.log.Error("the new plan is invalid; the last good plan keeps running", "error", err)
-		} else {
-			d.mu.Lock()
-			n := len(d.eng.Addrs())
-			d.mu.Unlock()
-			d.log.Info("plan loaded", "plan", cfg.PlanPath, "resources", n)
-		}
-		d.notify.ready(d.summaryLine())
 	}
 }
 
@@ -362,13 +384,13 @@ func (d *Daemon) acquire(ctx context.Context) (*state.Lock, error) {
 // recognise the daemon by it.
 const DaemonCommand = "agent run"
 
-// reload loads the plan; on success it builds the loop's engine for it and queues every
-// resource. A changed plan lifts every hold (backoff, terminal errors wait for exactly
-// this); the same plan keeps the engine and the holds.
-func (d *Daemon) reload() error {
-	p, diags := d.cfg.Load()
+// install takes a loaded plan; when valid it builds the loop's engine for it and queues
+// every resource. A changed plan lifts every hold (backoff, terminal errors wait for
+// exactly this); the same plan keeps the engine and the holds.
+func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
+	d.noteInputs(p, !diags.HasErrors())
 	if diags.HasErrors() {
-		return d.rejected(fmt.Errorf("plan %s: %s", d.cfg.PlanPath, diags.Error()))
+		return d.rejected(fmt.Errorf("plan %s: %s", d.cfg.PlanPath, plans.DiagnosticsLine(diags)))
 	}
 	h := planHash(p)
 	d.mu.Lock()
@@ -456,48 +478,6 @@ func planHash(p *plans.Plan) [32]byte {
 	var out [32]byte
 	copy(out[:], h.Sum(nil))
 	return out
-}
-
-// watch reports (debounced) changes of the plan's files.
-func (d *Daemon) watch(ctx context.Context) (<-chan struct{}, func()) {
-	out := make(chan struct{}, 1)
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		d.log.Warn("cannot watch the plan; reload with SIGHUP", "error", err)
-		return out, func() {}
-	}
-	dir := d.cfg.PlanPath
-	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
-		dir = filepath.Dir(dir)
-	}
-	// Watch the directory: editors replace files by rename, which a file watch loses.
-	if err := w.Add(dir); err != nil {
-		d.log.Warn("cannot watch the plan; reload with SIGHUP", "error", err)
-	}
-	go func() {
-		var fire <-chan time.Time
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ev, ok := <-w.Events:
-				if !ok {
-					return
-				}
-				if filepath.Ext(ev.Name) == ".hcl" {
-					fire = time.After(debounce)
-				}
-			case <-w.Errors:
-			case <-fire:
-				fire = nil
-				select {
-				case out <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
-	return out, func() { w.Close() }
 }
 
 // stuck reports whether a step in flight has run past its own timeout plus the grace

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
@@ -29,19 +30,33 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mu.Lock()
-	store := d.store
+	store, lastErr := d.store, d.lastErr
 	d.mu.Unlock()
-	doc := view.JSON("status", rep, view.NewRedactor(p.Secrets()))
+	red := view.NewRedactor(p.Secrets())
+	doc := view.JSON("status", rep, red)
 	doc.StateDir = store.Dir()
+	if lastErr != "" {
+		// What runs is the last good plan; the plan on disk is not: not ok, and why.
+		doc.OK = false
+		doc.Error = red.String(invalidPlanPrefix + lastErr)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	view.WriteJSON(w, doc)
 }
 
+// invalidPlanPrefix starts /status's error while the plan on disk does not load.
+const invalidPlanPrefix = "the plan on disk is invalid; the last good plan keeps running: "
+
 // handleHealth is the agent's own liveness: 200 while the loop runs and no step is past
-// its own timeout (plus the grace).
+// its own timeout (plus the grace). What is wrong besides (a plan on disk that does not
+// load, a load that takes long) is said in warning lines.
 func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
-	running, waiting, lastErr := d.running, d.waiting, d.lastErr
+	running, waiting, lastErr, loading := d.running, d.waiting, d.lastErr, d.loading
+	red := view.NewRedactor(nil)
+	if d.plan != nil {
+		red = view.NewRedactor(d.plan.Secrets())
+	}
 	d.mu.Unlock()
 	if !running {
 		msg := "starting\n"
@@ -57,7 +72,12 @@ func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 	}
 	msg := "ok: " + d.summaryLine() + "\n"
 	if lastErr != "" {
-		msg += "warning: the new plan is invalid; running the last good one\n"
+		msg += "warning: the new plan is invalid; running the last good one: " + red.String(lastErr) + "\n"
+	}
+	if !loading.IsZero() {
+		if took := time.Since(loading); took > time.Second {
+			msg += fmt.Sprintf("warning: loading the plan has taken %s so far\n", took.Round(time.Second))
+		}
 	}
 	w.Write([]byte(msg))
 }

@@ -28,6 +28,7 @@ func TestMirrors(t *testing.T) {
 			// mirrorFault is set on b.bin of the healthy mirror.
 			down        bool
 			missing     bool
+			stale       bool // b.bin on the mirror is another version, of another size
 			mirrorFault fetchtest.Fault
 			// originFiles is which files the origin must send (once each).
 			originFiles []string
@@ -38,6 +39,7 @@ func TestMirrors(t *testing.T) {
 			{name: "a mirror that lies", mirrorFault: fetchtest.Fault{Corrupt: true}, originFiles: []string{"b.bin"}, wantErr: fetch.ErrChecksum},
 			{name: "a mirror that is down, then a good one", down: true},
 			{name: "a mirror that answers 503", mirrorFault: fetchtest.Fault{Busy: 1000}, originFiles: []string{"b.bin"}},
+			{name: "a mirror with a stale copy", stale: true, originFiles: []string{"b.bin"}},
 		} {
 			t.Run(fmt.Sprintf("%s, ranged %v", tc.name, ranged), func(t *testing.T) {
 				t.Parallel()
@@ -49,7 +51,11 @@ func TestMirrors(t *testing.T) {
 					data[n] = content(size, uint64(100+i))
 					f := add(origin, n, data[n])
 					f.Header = http.Header{"Authorization": {"Bearer origin-only"}}
-					if !(tc.missing && n == "b.bin") {
+					switch {
+					case tc.missing && n == "b.bin":
+					case tc.stale && n == "b.bin":
+						mirror.Set("/models/qwen/"+n, content(size+1000, 99))
+					default:
 						mirror.Set("/models/qwen/"+n, data[n])
 					}
 					f.Mirrors = []string{mirror.URL("/models/qwen/" + n)}

@@ -91,11 +91,7 @@ func checkName(name string) error {
 			return fmt.Errorf("%w: %q leaves the destination", ErrUnsafeName, name)
 		}
 	}
-	base := path.Base(name)
-	if base == manifestName || base == lockName || strings.HasPrefix(base, manifestName) ||
-		(strings.HasPrefix(base, ".") && (strings.HasSuffix(base, partialSuffix) ||
-			strings.HasSuffix(base, sidecarSuffix) || strings.HasSuffix(base, sidecarSuffix+tmpSuffix) ||
-			strings.HasSuffix(base, liveSuffix) || strings.HasSuffix(base, liveSuffix+tmpSuffix))) {
+	if Own(name) {
 		return fmt.Errorf("%w: %q collides with the files fetch keeps in the destination", ErrUnsafeName, name)
 	}
 	return nil

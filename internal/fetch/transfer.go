@@ -78,6 +78,9 @@ func (r *run) download(ctx context.Context, t *task) error {
 		if ctx.Err() != nil || errors.As(err, &pe) {
 			return err // a full disk, a manifest that cannot be written: not the mirror's fault
 		}
+		if re := (*restartError)(nil); errors.As(err, &re) {
+			err = fmt.Errorf("its copy is another version of the file: %s", re.reason)
+		}
 		t.fr.MirrorErrors = append(t.fr.MirrorErrors, fmt.Errorf("mirror %s: %w", redact(m), err))
 	}
 	t.src, t.mirror, t.single = t.f.URL, false, false

@@ -55,8 +55,12 @@ func (s *Store) LoadRollouts() (map[string]RolloutMember, error) {
 // SaveRollouts writes the rollout members in flight atomically (an empty map removes
 // the file).
 func (s *Store) SaveRollouts(m map[string]RolloutMember) error {
-	p := filepath.Join(s.dir, rolloutsFile)
-	if len(m) == 0 {
+	return saveMap(filepath.Join(s.dir, rolloutsFile), m, len(m))
+}
+
+// saveMap writes a map file of the state directory atomically; n == 0 removes it.
+func saveMap(p string, m any, n int) error {
+	if n == 0 {
 		return atomicfile.Remove(p)
 	}
 	data, err := json.MarshalIndent(m, "", "  ")

@@ -9,12 +9,19 @@ import (
 	"github.com/agent-dev/agent/internal/bytesize"
 )
 
-// WorkProgress draws where a long step stands (agent.Progress: a download's bytes, rate
+// WorkProgress shows where a long step stands (agent.Progress: a download's bytes, rate
 // and ETA). On a terminal (View.Term) it draws one bar per file in flight and a total,
 // redrawn in place, and at the end erases them and prints one line: what is in place,
-// how long it took, at what rate. Without a terminal it draws nothing.
+// how long it took, at what rate. Elsewhere (a file, a pipe, the journal) it prints no
+// escape code: a line on W every ProgressEvery of the work (ProgressLines), and the
+// closing line if it printed one.
 func (v *View) WorkProgress(p agent.Progress) {
 	if v.Term == nil {
+		if line, ok := v.lines.line(p, v.ProgressEvery); ok && p.Final {
+			v.printf("  %s: %s\n", p.Addr, line)
+		} else if ok {
+			v.Progress(p.Addr, line)
+		}
 		return
 	}
 	v.mu.Lock()
@@ -25,9 +32,7 @@ func (v *View) WorkProgress(p agent.Progress) {
 	if p.Final {
 		v.erase(p.Addr)
 		if p.Done > 0 {
-			el := p.Elapsed
-			fmt.Fprint(v.Term, v.Redact.String(fmt.Sprintf("  %s: %s in place (%s, %s/s)\n", p.Addr, bytesize.Format(p.Done),
-				el.Round(time.Second), bytesize.Format(int64(float64(p.Done)/max(el.Seconds(), 0.001))))))
+			fmt.Fprint(v.Term, v.Redact.String(fmt.Sprintf("  %s: %s\n", p.Addr, inPlace(p))))
 		}
 		return
 	}
