@@ -92,7 +92,10 @@ func TestPermitsFailAndWhatAnEarlierProcessLeft(t *testing.T) {
 	}
 	p.Fail("qwen", "server.qwen", "exited: CUDA out of memory")
 	p.Mark("qwen", "server.qwen", "failed: exited: CUDA out of memory")
-	waitFor(t, "the stop", func() bool { g := group(t, view); return g.Stop != nil && len(g.Permits) == 1 && g.Permits[0].State == coord.Failed })
+	waitFor(t, "the stop", func() bool {
+		g := group(t, view)
+		return g.Stop != nil && len(g.Permits) == 1 && g.Permits[0].State == coord.Failed
+	})
 
 	other := NewPermits(client(t, cl, "kpro6", false), nil)
 	defer other.Close()
