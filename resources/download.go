@@ -330,7 +330,7 @@ func (d *Download) resolveTarget(ctx context.Context, env *agent.Env) (*target, 
 		if err != nil {
 			if cached != nil && ctx.Err() == nil {
 				warnings = append(warnings, fmt.Sprintf("could not reach the Hub (%v); using commit %s of %q listed %s",
-					err, cached.Commit, h.revision, cached.ListedAt.Format(time.RFC3339)))
+					err, cached.Commit, h.revision, agent.HumanTime(cached.ListedAt)))
 				listing = cached
 				break
 			}
@@ -734,4 +734,6 @@ func (d downloadSize) String() string {
 	return s
 }
 
-func (d downloadSize) MarshalJSON() ([]byte, error) { return []byte(strconv.FormatInt(d.size, 10)), nil }
+func (d downloadSize) MarshalJSON() ([]byte, error) {
+	return []byte(strconv.FormatInt(d.size, 10)), nil
+}
