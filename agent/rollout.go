@@ -44,6 +44,13 @@ type Rollouts struct {
 	wants map[string]bool
 	// changed is closed (and replaced) whenever a count may have changed.
 	changed chan struct{}
+
+	// fleet counts the members on other hosts (nil: none; rollout_fleet.go), told
+	// about members by their group's name.
+	fleet     PermitSource
+	groupName map[string]string
+	// admitMu keeps admits in order while one asks the fleet without r.mu.
+	admitMu sync.Mutex
 }
 
 // NewRollouts returns the rollout permits of the state directory of store.
@@ -128,13 +135,16 @@ func (r *Rollouts) observed(addr string, d *Diff, err error) {
 		}
 	}
 	if changed {
+		r.tellFleet(addr)
 		r.notify()
 	}
 }
 
-// blocker is a member that holds a group at its limit.
+// blocker is a member that holds a group at its limit; remote ones are on other hosts
+// (addr then describes it whole).
 type blocker struct {
 	addr, why string
+	remote    bool
 }
 
 // admit takes a permit for addr to carry out act, or says why it may not now. A member
@@ -148,10 +158,12 @@ type blocker struct {
 // pending, when not nil (an apply), says whether a member may still act in this apply:
 // healthy members are then disrupted in the order the plan declares them, so an operator
 // knows which goes first (a canary declared first). The loop has no such order.
-func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending func(string) bool) (fresh bool, refusal *RolloutError, changed <-chan struct{}, err error) {
+func (r *Rollouts) admit(ctx context.Context, g *plans.RolloutGroup, addr string, act Action, pending func(string) bool) (fresh bool, refusal *RolloutError, changed <-chan struct{}, err error) {
+	r.admitMu.Lock()
+	defer r.admitMu.Unlock()
+	changed = r.Changed()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	changed = r.changed
 	if err := r.load(); err != nil {
 		return false, nil, changed, err
 	}
@@ -163,6 +175,7 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending
 		if err := r.save(); err != nil {
 			return false, nil, changed, err
 		}
+		r.tellFleet(addr)
 		r.notify()
 		return false, nil, changed, nil
 	}
@@ -175,13 +188,13 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending
 				continue
 			}
 			if _, busy := r.inFlight[o]; !busy && first && pending != nil && r.wants[o] && pending(o) {
-				ahead = append(ahead, blocker{o, "declared first, goes first"})
+				ahead = append(ahead, blocker{addr: o, why: "declared first, goes first"})
 			}
 			if m, ok := r.inFlight[o]; ok {
 				if m.Failed != "" {
 					return false, &RolloutError{Group: g.Name, Max: g.MaxUnavailable, Stopped: true, Cause: o, Member: m.Member, Reason: m.Failed}, changed, nil
 				}
-				blockers = append(blockers, blocker{o, m.Action + " not verified yet"})
+				blockers = append(blockers, blocker{addr: o, why: m.Action + " not verified yet"})
 				continue
 			}
 			why, ok := r.seen[o]
@@ -189,18 +202,25 @@ func (r *Rollouts) admit(g *plans.RolloutGroup, addr string, act Action, pending
 				why = "not observed yet"
 			}
 			if why != "" {
-				blockers = append(blockers, blocker{o, why})
+				blockers = append(blockers, blocker{addr: o, why: why})
 			}
 		}
 		if len(blockers) >= g.MaxUnavailable || len(ahead) > 0 {
 			return false, &RolloutError{Group: g.Name, Max: g.MaxUnavailable, blockers: append(blockers, ahead...)}, changed, nil
 		}
+		if r.fleet != nil {
+			if refusal := r.takeFleet(ctx, g.Name, g.MaxUnavailable, addr, act, g.MaxUnavailable-len(blockers), blockers); refusal != nil {
+				return false, refusal, changed, nil
+			}
+		}
 	}
 	r.inFlight[addr] = state.RolloutMember{Group: g.Name, Action: string(act), Since: time.Now().UTC()}
 	if err := r.save(); err != nil {
 		delete(r.inFlight, addr)
+		r.tellFleet(addr)
 		return false, nil, changed, err
 	}
+	r.tellFleet(addr)
 	r.notify()
 	return true, nil, changed, nil
 }
@@ -214,6 +234,7 @@ func (r *Rollouts) release(addr string) {
 	}
 	delete(r.inFlight, addr)
 	_ = r.save() // left in the file, it is counted once more next run until observed converged
+	r.tellFleet(addr)
 	r.notify()
 }
 
@@ -232,6 +253,10 @@ func (r *Rollouts) failed(addr, member string, err error) {
 	m.Failed, m.Member = strings.TrimSuffix(strings.TrimSpace(quote), ":"), member
 	r.inFlight[addr] = m
 	_ = r.save() // in memory it stops this process's rollout either way
+	if r.fleet != nil && r.groupName[addr] != "" {
+		r.fleet.Fail(r.groupName[addr], addr, m.Failed)
+	}
+	r.tellFleet(addr)
 	r.notify()
 }
 
@@ -260,11 +285,12 @@ func (r *Rollouts) prune(members map[string]*plans.RolloutGroup) error {
 type RolloutError struct {
 	Group string
 	Max   int
-	// Stopped: Cause failed (on cluster member Member, with Reason) and the group's
-	// rollout stops until it is repaired.
+	// Stopped: Cause failed (on cluster member Member, or on another host Host, with
+	// Reason) and the group's rollout stops until it is repaired.
 	Stopped bool
 	Cause   string
 	Member  string
+	Host    string
 	Reason  string
 	// Waiting: the reconcile loop tries again when a member of the group changes; the
 	// resource did nothing, so nothing failed.
@@ -278,10 +304,17 @@ func (e *RolloutError) Error() string {
 		if e.Member != "" {
 			on = " (member " + e.Member + ")"
 		}
+		if e.Host != "" {
+			on = " (host " + e.Host + ")"
+		}
 		return fmt.Sprintf("rollout %s stopped: %s failed%s: %s", e.Group, e.Cause, on, e.Reason)
 	}
 	var parts []string
 	for _, b := range e.blockers {
+		if b.why == "" {
+			parts = append(parts, b.addr)
+			continue
+		}
 		parts = append(parts, fmt.Sprintf("%s (%s)", b.addr, b.why))
 	}
 	verb := "not started"
@@ -340,16 +373,11 @@ func (e *Engine) initRollouts() {
 		e.opts.Rollouts = NewRollouts(e.store)
 	}
 	e.rollouts = e.opts.Rollouts
-}
-
-// observe is check for apply and the loop: a rollout group member's observation is
-// recorded (and verifies a member in flight).
-func (e *Engine) observe(ctx context.Context, addr string) (*Diff, error) {
-	d, err := e.check(ctx, addr)
-	if e.groupOf[addr] != nil {
-		e.rollouts.observed(addr, d, err)
+	names := map[string]string{}
+	for a, g := range e.groupOf {
+		names[a] = g.Name
 	}
-	return d, err
+	e.rollouts.setGroups(names)
 }
 
 // observeMembers observes every rollout member not observed yet, concurrently, before an
@@ -443,11 +471,11 @@ func (r *applyRun) ready(addr string) bool {
 // enough of the unavailable ones, will not act again before it ends.
 func (r *applyRun) hopeless(re *RolloutError) bool {
 	if re.Stopped {
-		return !r.pending(re.Cause)
+		return re.Host != "" || !r.pending(re.Cause)
 	}
 	stuck := 0
 	for _, b := range re.blockers {
-		if !r.pending(b.addr) {
+		if !b.remote && !r.pending(b.addr) {
 			stuck++
 		}
 	}
@@ -473,7 +501,7 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 			// waiting for its dependencies goes when they are done.
 			pending = run.ready
 		}
-		fresh, refusal, changed, err := e.rollouts.admit(g, addr, d.Action, pending)
+		fresh, refusal, changed, err := e.rollouts.admit(ctx, g, addr, d.Action, pending)
 		if err != nil {
 			return d, false, fmt.Errorf("%s: rollout %s: %w", addr, g.Name, err)
 		}
@@ -495,6 +523,7 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 		select {
 		case <-changed:
 		case <-ctx.Done():
+		case <-fleetPoll(e.rollouts):
 		}
 		run.slots <- struct{}{} // taken again; the step gives it back as it ends
 		if ctx.Err() != nil {

@@ -23,7 +23,9 @@ type Coordination struct {
 	// Prefix is this fleet's key prefix in etcd.
 	Prefix string
 	// Lease is the agent's lease: a dead host's permits and entry expire after it.
-	Lease     time.Duration
+	Lease time.Duration
+	// Name is this agent's name in the fleet ("": the hostname).
+	Name      string
 	DeclRange hcl.Range
 }
 
@@ -42,6 +44,7 @@ type coordinationBlock struct {
 	KeyFile  *string  `hcl:"key_file,optional"`
 	Prefix   *string  `hcl:"prefix,optional"`
 	Lease    *string  `hcl:"lease,optional"`
+	Name     *string  `hcl:"name,optional"`
 }
 
 // decodeCoordination checks the block (nil: none) and sets Agent.Coordination.
@@ -106,6 +109,12 @@ func (l *loader) decodeCoordination(blocks []*hcl.Block) {
 			bad("lease", "Invalid lease", fmt.Sprintf("%q is not a lease etcd grants: write whole seconds, at least %s, like \"15s\".", *c.Lease, MinCoordinationLease))
 		}
 		out.Lease = d
+	}
+	if c.Name != nil {
+		if *c.Name == "" || strings.ContainsAny(*c.Name, "/ \t\n") {
+			bad("name", "Invalid name", fmt.Sprintf("%q cannot name a host in the fleet: leave it out for the hostname, or use one without slashes or spaces.", *c.Name))
+		}
+		out.Name = *c.Name
 	}
 	l.plan.Agent.Coordination = out
 }

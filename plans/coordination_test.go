@@ -25,6 +25,7 @@ agent {
     key_file  = "tls/agent-key.pem"
     prefix    = "/agent/prod/"
     lease     = "20s"
+    name      = "kpro5"
   }
 }
 `, Options{})
@@ -38,7 +39,7 @@ agent {
 	c.DeclRange = hcl.Range{}
 	want := &Coordination{Etcd: []string{"https://etcd1:2379", "https://etcd2:2379", "https://etcd3:2379"},
 		CAFile: "/etc/agent/etcd-ca.pem", CertFile: filepath.Join(p.Dir, "tls/agent.pem"), KeyFile: filepath.Join(p.Dir, "tls/agent-key.pem"),
-		Prefix: "/agent/prod", Lease: 20 * time.Second}
+		Prefix: "/agent/prod", Lease: 20 * time.Second, Name: "kpro5"}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("coordination (-want +got):\n%s", diff)
 	}
@@ -70,6 +71,7 @@ func TestCoordinationErrors(t *testing.T) {
 		{"cert without key", block("    etcd = [\"https://e:2379\"]\n    cert_file = \"/c.pem\"\n"), "Incomplete client certificate @ 4:5"},
 		{"short lease", block("    etcd = [\"http://e:2379\"]\n    lease = \"1s\"\n"), "Invalid lease @ 4:5"},
 		{"fractional lease", block("    etcd = [\"http://e:2379\"]\n    lease = \"2500ms\"\n"), "Invalid lease @ 4:5"},
+		{"slash in name", block("    etcd = [\"http://e:2379\"]\n    name = \"a/b\"\n"), "Invalid name @ 4:5"},
 		{"root prefix", block("    etcd = [\"http://e:2379\"]\n    prefix = \"/\"\n"), "Invalid prefix @ 4:5"},
 		{"unknown attribute", block("    etcd = [\"http://e:2379\"]\n    ttl = \"5s\"\n"), "Unsupported argument @ 4:5"},
 		{"two blocks", "agent {\n  coordination {\n    etcd = [\"http://e:2379\"]\n  }\n  coordination {\n    etcd = [\"http://e:2379\"]\n  }\n}\n", "Duplicate coordination block @ 5:3"},

@@ -420,12 +420,6 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 	if err != nil {
 		return nil, err
 	}
-	if t.fresh {
-		// Record the listing (a fact about the remote) so the next plan needs no listing.
-		if err := d.saveListing(env, t.listing); err != nil {
-			return nil, err
-		}
-	}
 	if err := trust.Dir(d.dest); err != nil {
 		return nil, fmt.Errorf("dest: %w", err)
 	}
@@ -434,6 +428,13 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		return nil, err
 	}
 	diff := &agent.Diff{Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
+	if t.fresh {
+		// The listing (a fact about the remote) is recorded, so that the next run
+		// needs no listing.
+		rec := prev
+		rec.Hub, rec.Dest = t.listing, d.dest
+		diff.Record = agent.SaveRecord(&rec, fmt.Sprintf("the listing of %s at commit %s", t.listing.Repo, t.listing.Commit))
+	}
 	if _, err := os.Stat(d.dest); errors.Is(err, os.ErrNotExist) {
 		diff.Add(agent.Added("dest", d.dest).Because(agent.Creates, agent.ReasonMissing))
 	}
@@ -481,15 +482,6 @@ func extraWarnings(extra []string) []string {
 		list += fmt.Sprintf(" and %d more", len(extra)-show)
 	}
 	return []string{fmt.Sprintf("%d file(s) in dest are not part of this download and are kept: %s", len(extra), list)}
-}
-
-func (d *Download) saveListing(env *agent.Env, l *hubListing) error {
-	var rec downloadRecord
-	if _, err := env.State.Load(&rec); err != nil {
-		return err
-	}
-	rec.Hub, rec.Dest = l, d.dest
-	return env.State.Save(&rec)
 }
 
 // Apply downloads what Check found missing (resuming partial files), verifies every file and

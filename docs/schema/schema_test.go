@@ -187,8 +187,8 @@ func TestSchemaEnumsAreTheEngines(t *testing.T) {
 		reasons = append(reasons, string(r))
 	}
 	for def, want := range map[string][]string{
-		"action": {"", string(agent.NoOp), string(agent.Create), string(agent.Update), string(agent.Restart), string(agent.Replace), string(agent.Delete)},
-		"effect": {string(agent.InPlace), string(agent.Creates), string(agent.Restarts), string(agent.Replaces), string(agent.Deletes)},
+		"action": {"", string(agent.NoOp), string(agent.Adopt), string(agent.Create), string(agent.Update), string(agent.Restart), string(agent.Replace), string(agent.Delete)},
+		"effect": {string(agent.Adopts), string(agent.InPlace), string(agent.Creates), string(agent.Restarts), string(agent.Replaces), string(agent.Deletes)},
 		"reason": reasons,
 	} {
 		if got := s.Defs[def].Enum; fmt.Sprint(got) != fmt.Sprint(want) {

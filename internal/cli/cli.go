@@ -65,6 +65,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --no-destructive     refuse restarts, replacements and deletions (apply)
   --allow-delete-all   let an apply delete every server the agent manages when the plan keeps none
   --smoke              run each server's smoke test now (status; a real completion on the server)
+  --fleet              every host of the fleet and its rollouts, from etcd (status; agent { coordination })
   --log-level LEVEL    debug, info, warn (default; info for run), error; logs go to stderr
 
 Run 'agent COMMAND --help' for a command's flags and an example.
@@ -128,6 +129,7 @@ type options struct {
 	logLevel      string
 	allowDelAll   bool
 	smoke         bool
+	fleet         bool
 }
 
 // parseInterleaved parses flags that may come before or after positional arguments, as
@@ -199,6 +201,7 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	o.parallelism = max(o.parallelism, 1) // validate has no --parallelism
 	if cmd == "status" {
 		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
+		fs.BoolVar(&o.fleet, "fleet", false, "every host of the fleet, from etcd (agent { coordination })")
 	}
 	return fs
 }
@@ -263,6 +266,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return ExitError
 	}
 
+	if cmd == "status" && o.fleet {
+		return fleetStatus(ctx, p, o.json, stdout, stderr, red)
+	}
 	dir := o.stateDir
 	if dir == "" {
 		dir = p.Agent.StateDir
@@ -271,7 +277,16 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if err != nil {
 		return fail(err)
 	}
-	if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	var rollouts *agent.Rollouts
+	if cmd == "apply" {
+		r, leave, err := fleetRollouts(p, store, log)
+		if err != nil {
+			return fail(err)
+		}
+		defer leave()
+		rollouts = r
+	}
+	if drawsBars(stdout, stderr, os.Getenv) {
 		human.Term = stderr
 	}
 	var progress func(agent.Progress)
@@ -291,6 +306,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		AllowDeleteAll: o.allowDelAll,
 		Probe:          o.smoke,
 		StepContext:    stopProgress(cmd, o.json, human),
+		Rollouts:       rollouts,
 	})
 	if err != nil {
 		return fail(err)
@@ -411,4 +427,17 @@ func stopProgress(cmd string, asJSON bool, human *view.View) func(context.Contex
 			human.Progress(addr, "stopping "+p.String())
 		})
 	}
+}
+
+// drawsBars reports whether long work's progress may be drawn as bars, with escape codes
+// that redraw them in place: only when stdout and stderr (where they go) are both
+// terminals, NO_COLOR is unset (no-color.org: no escape codes at all then) and TERM is
+// not "dumb". Otherwise (a file, a pipe, the journal) the view prints a plain progress
+// line every 30 s instead.
+func drawsBars(stdout, stderr io.Writer, getenv func(string) string) bool {
+	tty := func(w io.Writer) bool {
+		f, ok := w.(*os.File)
+		return ok && term.IsTerminal(int(f.Fd()))
+	}
+	return tty(stdout) && tty(stderr) && getenv("NO_COLOR") == "" && getenv("TERM") != "dumb"
 }

@@ -56,6 +56,8 @@ type Config struct {
 	Host string
 	// Log receives the lease's losses and recoveries (nil: discarded).
 	Log *slog.Logger
+	// ReadOnly opens without a lease or a watch: for a view of the fleet.
+	ReadOnly bool
 }
 
 // MinLease is the shortest lease: etcd refuses shorter ones (1.5 election timeouts).
@@ -82,6 +84,8 @@ type Client struct {
 	generation int       // counts leases granted: a new one means the old keys are gone
 	revs       map[string]int64
 	changed    chan struct{}
+	// announced is the lease state last logged and signalled.
+	announced bool
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -138,6 +142,10 @@ func Open(cfg Config) (*Client, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, cli: cli, ttl: int64((cfg.Lease + time.Second - 1) / time.Second), log: log,
 		revs: map[string]int64{}, changed: make(chan struct{}), stop: stop, done: make(chan struct{})}
+	if cfg.ReadOnly {
+		close(c.done)
+		return c, nil
+	}
 	go c.run(ctx)
 	return c, nil
 }
@@ -237,7 +245,6 @@ func (c *Client) run(ctx context.Context) {
 func (c *Client) renew(ctx context.Context) bool {
 	c.mu.Lock()
 	id := c.lease
-	wasLive := id != 0 && time.Now().Before(c.validUntil)
 	c.mu.Unlock()
 	sent := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, c.TTL()/3)
@@ -278,6 +285,8 @@ func (c *Client) renew(ctx context.Context) bool {
 		c.leaseErr = err
 	}
 	live := c.lease != 0 && time.Now().Before(c.validUntil)
+	wasLive := c.announced
+	c.announced = live
 	c.mu.Unlock()
 	if live != wasLive || granted {
 		if live {
@@ -680,9 +689,10 @@ func (c *Client) Hosts(ctx context.Context) ([]HostEntry, error) {
 	return list, nil
 }
 
-// abandon stops the renewal and closes the connection without revoking the lease: what
-// etcd sees of an agent that was SIGKILLed (tests).
-func (c *Client) abandon() {
+// Abandon stops the renewal and closes the connection without revoking the lease: the
+// permits of members still down keep counting until the lease expires, as if the agent
+// had died.
+func (c *Client) Abandon() {
 	c.stop()
 	<-c.done
 	_ = c.cli.Close()

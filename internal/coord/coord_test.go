@@ -112,7 +112,7 @@ func TestKilledHoldersPermitExpiresWithItsLease(t *testing.T) {
 		t.Errorf("holder %q, want %q", ref.Holders[0], want)
 	}
 	killed := time.Now()
-	a.abandon()
+	a.Abandon()
 	for {
 		_, err := b.Acquire(ctx(t), "qwen", "server.qwen", "restart", 1)
 		if err == nil {
@@ -259,7 +259,7 @@ func TestHostsShowLapsedHosts(t *testing.T) {
 		}
 	}
 	cl.Stop(0) // one member of three down: the fleet goes on
-	a.abandon()
+	a.Abandon()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		hs, err := b.Hosts(ctx(t))

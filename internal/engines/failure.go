@@ -1,6 +1,7 @@
 package engines
 
 import (
+	"regexp"
 	"strings"
 	"unicode/utf8"
 )
@@ -144,11 +145,43 @@ func match(rules []rule, msgs []string) (Failure, bool) {
 	for _, r := range rules {
 		for i, msg := range msgs {
 			if r.match(msg) {
-				return Failure{Kind: r.kind, Title: r.title, Hint: r.hint, Line: clip(msg, 300), Index: i}, true
+				i = exceptionLine(msgs, i)
+				return Failure{Kind: r.kind, Title: r.title, Hint: r.hint, Line: clip(msgs[i], 300), Index: i}, true
 			}
 		}
 	}
 	return Failure{}, false
+}
+
+// pyFrame is a Python traceback's frame line: `File "/x/y.py", line 329, in NCCL_CHECK`.
+var pyFrame = regexp.MustCompile(`^File "[^"]*", line \d+`)
+
+// pyException is the line a Python traceback ends with: the exception's class, dotted
+// or not, and its message ("RuntimeError: NCCL error: …", "torch.OutOfMemoryError: …").
+var pyException = regexp.MustCompile(`^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$`)
+
+// exceptionLine is where the quote of a failure found at msgs[i] belongs. A rule may
+// match the source line a traceback shows under a frame (`raise RuntimeError(f"NCCL
+// error: {error_str}")`): the operator wants the message that was raised, which is the
+// traceback's last line, after the remaining frames, their source lines and Python
+// 3.11's caret lines. Any other line is its own quote.
+func exceptionLine(msgs []string, i int) int {
+	if i == 0 || !pyFrame.MatchString(msgs[i-1]) {
+		return i
+	}
+	for j := i + 1; j < len(msgs); j++ {
+		switch m := msgs[j]; {
+		case pyFrame.MatchString(m), strings.Trim(m, "^~ ") == "" && m != "":
+			continue
+		case pyFrame.MatchString(msgs[j-1]):
+			continue // a frame's source line
+		case pyException.MatchString(m):
+			return j
+		default:
+			return i
+		}
+	}
+	return i
 }
 
 // message is a line without vLLM's process tag and logger prefix, or

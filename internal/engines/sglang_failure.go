@@ -89,7 +89,9 @@ func sglangFailure(lines []string) (Failure, bool) {
 	msgs := make([]string, len(lines))
 	for i, l := range lines {
 		_, msg, _ := SplitPrefix(strings.TrimRight(l, "\r\n"), nil)
-		msgs[i] = strings.TrimSpace(msg)
+		// message() also takes off another engine's head: SGLang's errors (NCCL) are
+		// raised in vLLM's workers too, and their tracebacks quoted the same way.
+		msgs[i] = message(strings.TrimSpace(msg))
 	}
 	return match(sglangRules, msgs)
 }

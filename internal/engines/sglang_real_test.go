@@ -250,3 +250,28 @@ sglang:spec_accept_rate{tp_rank="0",pp_rank="0"} 0.97
 		t.Errorf("tp: %+v %v", m, err)
 	}
 }
+
+// A failure found in a Python traceback is quoted by the exception that was raised,
+// never by the source line that raised it (`raise RuntimeError(f"NCCL error: …")`).
+func TestRealFailureQuotesTheException(t *testing.T) {
+	t.Parallel()
+	want := map[string]string{
+		"failure-nccl.log":                   "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+		"failure-nccl-vllm.log":              "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+		"failure-port-in-use-rpc-port.log":   "ValueError: rpc_port at 30235 is not available in 30 seconds.",
+		"failure-bad-flag-launch-server.log": "",
+	}
+	for _, l := range readReal(t, "failure-*.log") {
+		f, ok := DetectFailure(l.lines)
+		if !ok {
+			t.Errorf("%s: no failure found", l.name)
+			continue
+		}
+		if strings.Contains(f.Line, "raise ") || strings.Contains(f.Line, "{") {
+			t.Errorf("%s: quoted the source line %q, want the exception", l.name, f.Line)
+		}
+		if w, ok := want[l.name]; ok && !strings.HasPrefix(f.Line, w) {
+			t.Errorf("%s: quote %q, want %q", l.name, f.Line, w)
+		}
+	}
+}

@@ -81,14 +81,14 @@ type Started struct {
 	// ID is the leader's PID and start time, read right after the start.
 	ID proc.Identity
 	// PGID and SID are the leader's process group and session (its own PID when the
-	// runner used Setsid).
+	// place used Setsid).
 	PGID, SID int
 	// NS names the PID namespace of ID, PGID and SID: "" for this host's; for a
-	// process of an instance the runner reaches only through Incus (on another
+	// process of an instance the agent reaches only through Incus (on another
 	// cluster member), the instance's own (Incus.Namespace). A record keeps it, so that
 	// its PIDs are never read in another namespace (Lifecycle.ProcsIn).
 	NS string
-	// Exited, when not nil, is closed once the runner has seen the leader exit;
+	// Exited, when not nil, is closed once the place has seen the leader exit;
 	// ExitStatus then says how ("exit status 1", "signal: killed").
 	Exited     <-chan struct{}
 	ExitStatus func() string

@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/fleet"
+	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/internal/view"
+	"github.com/agent-dev/agent/plans"
+)
+
+// fleetRollouts are an apply's rollout permits when the plan joins a fleet (agent {
+// coordination }) and has rollout groups: the apply takes the same etcd permits as
+// `agent run` does, under a lease of its own that leave ends. Nil (nothing of etcd
+// touched) otherwise.
+func fleetRollouts(p *plans.Plan, store *state.Store, log *slog.Logger) (*agent.Rollouts, func(), error) {
+	if p.Agent.Coordination == nil || len(p.RolloutGroups()) == 0 {
+		return nil, func() {}, nil
+	}
+	c, err := fleet.Open(p.Agent.Coordination, log, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	permits := fleet.NewPermits(c, log)
+	r := agent.NewRollouts(store)
+	r.UseFleet(permits)
+	return r, func() { fleet.Leave(c, permits) }, nil
+}
+
+// fleetDocument is `agent status --fleet --json`: a status document whose resources are
+// per host, under fleet.
+type fleetDocument struct {
+	*view.JSONOutput
+	Fleet *fleet.Status `json:"fleet"`
+}
+
+// fleetStatus is `agent status --fleet`: every host of the fleet, its resources' health
+// and the rollouts in flight, from etcd alone. Exit 0 when every host is reachable and
+// healthy and no rollout stopped, 3 otherwise, 1 when etcd cannot be read.
+func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr io.Writer, red *view.Redactor) int {
+	fail := func(msg string) int {
+		if asJSON {
+			view.WriteJSON(stdout, &fleetDocument{JSONOutput: view.ErrorJSON("status", red.String(msg))})
+		} else {
+			fmt.Fprintf(stderr, "agent status: %s\n", red.String(msg))
+		}
+		return ExitError
+	}
+	if p.Agent.Coordination == nil {
+		return fail("--fleet: the plan has no agent { coordination { etcd = [...] } } block: this host is in no fleet")
+	}
+	c, err := fleet.Open(p.Agent.Coordination, nil, true)
+	if err != nil {
+		return fail(err.Error())
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := fleet.Read(ctx, c)
+	if err != nil {
+		return fail(fmt.Sprintf("--fleet: reading etcd %s: %v", strings.Join(p.Agent.Coordination.Etcd, ","), err))
+	}
+	if asJSON {
+		doc := &fleetDocument{JSONOutput: view.NewJSONOutput("status"), Fleet: st}
+		doc.OK = true
+		view.WriteJSON(stdout, doc)
+	} else {
+		writeFleet(stdout, st, time.Now())
+	}
+	if st.Degraded() {
+		return ExitDegraded
+	}
+	return ExitOK
+}
+
+// writeFleet prints the fleet for people: one line per host, then the rollouts.
+func writeFleet(w io.Writer, st *fleet.Status, now time.Time) {
+	down := 0
+	for _, h := range st.Hosts {
+		if !h.Reachable {
+			down++
+		}
+	}
+	fmt.Fprintf(w, "Fleet %s: %d hosts", st.Prefix, len(st.Hosts))
+	if down > 0 {
+		fmt.Fprintf(w, ", %d unreachable", down)
+	}
+	fmt.Fprintln(w)
+	width := 0
+	for _, h := range st.Hosts {
+		width = max(width, len(h.Host))
+	}
+	for _, h := range st.Hosts {
+		health := "no summary"
+		if s := h.Summary; s != nil {
+			ok := 0
+			var bad []string
+			for _, r := range s.Resources {
+				if r.Healthy {
+					ok++
+					continue
+				}
+				why := r.Error
+				if why == "" {
+					why = r.Summary
+				}
+				bad = append(bad, r.Address+": "+firstLine(why))
+			}
+			health = fmt.Sprintf("%d/%d resources healthy", ok, len(s.Resources))
+			if len(bad) > 0 {
+				health += "; " + strings.Join(bad, "; ")
+			}
+		}
+		state := "healthy"
+		switch {
+		case !h.Reachable:
+			state = fmt.Sprintf("unreachable since %s (%s ago; lease lapsed), last known", h.Updated.UTC().Format(time.RFC3339), now.Sub(h.Updated).Round(time.Second))
+		case h.Summary == nil || !h.Summary.Healthy:
+			state = "degraded"
+		}
+		fmt.Fprintf(w, "  %-*s  %s: %s\n", width, h.Host, state, health)
+	}
+	if len(st.Rollouts) == 0 {
+		fmt.Fprintln(w, "No rollout in flight.")
+		return
+	}
+	fmt.Fprintln(w, "Rollouts in flight:")
+	for _, g := range st.Rollouts {
+		if g.Stop != nil {
+			fmt.Fprintf(w, "  %s: stopped since %s: %s failed on %s: %s\n", g.Name, g.Stop.Since.UTC().Format(time.RFC3339), g.Stop.Member, g.Stop.Host, firstLine(g.Stop.Reason))
+		}
+		for _, p := range g.Permits {
+			fmt.Fprintf(w, "  %s: %s since %s (permit revision %d)\n", g.Name, p, p.Since.UTC().Format(time.RFC3339), p.Revision)
+		}
+	}
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}

@@ -1,0 +1,159 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/view"
+)
+
+// Summary is what a host publishes under <prefix>/hosts/<hostname>: enough for a fleet
+// view without asking the host.
+type Summary struct {
+	Host    string `json:"host"`
+	Version string `json:"version"`
+	// Healthy: every resource is.
+	Healthy   bool              `json:"healthy"`
+	Resources []ResourceSummary `json:"resources"`
+	// Rollouts are the members this host disrupted and has not verified yet.
+	Rollouts []InFlight `json:"rollouts"`
+}
+
+// ResourceSummary is one resource's health.
+type ResourceSummary struct {
+	Address string `json:"address"`
+	Healthy bool   `json:"healthy"`
+	Summary string `json:"summary"`
+	Error   string `json:"error,omitempty"`
+}
+
+// InFlight is a member disrupted and not verified yet.
+type InFlight struct {
+	Group  string    `json:"group"`
+	Member string    `json:"member"`
+	Action string    `json:"action"`
+	Since  time.Time `json:"since"`
+	Failed string    `json:"failed,omitempty"`
+}
+
+// SummaryOf summarises a status report and the members in flight. red redacts what a
+// status may quote (errors can carry a plan's secret).
+func SummaryOf(host, version string, rep *agent.Report, inFlight map[string]agent.InFlightMember, red *view.Redactor) Summary {
+	s := Summary{Host: host, Version: version, Healthy: true, Resources: []ResourceSummary{}, Rollouts: []InFlight{}}
+	if rep != nil {
+		for _, st := range rep.Steps {
+			r := ResourceSummary{Address: st.Addr}
+			if st.Status != nil {
+				r.Healthy, r.Summary = st.Status.Healthy, red.String(st.Status.Summary)
+			}
+			if st.Err != nil {
+				r.Healthy, r.Error = false, red.String(st.Err.Error())
+			}
+			s.Healthy = s.Healthy && r.Healthy
+			s.Resources = append(s.Resources, r)
+		}
+	}
+	for a, m := range inFlight {
+		s.Rollouts = append(s.Rollouts, InFlight{Group: m.Group, Member: a, Action: m.Action, Since: m.Since, Failed: red.String(m.Failed)})
+	}
+	sort.Slice(s.Rollouts, func(i, j int) bool { return s.Rollouts[i].Member < s.Rollouts[j].Member })
+	return s
+}
+
+// Publish writes the summary whenever it changes (looked at four times a second) and at
+// least every third of the lease, until ctx ends: the host's entry lives with its lease,
+// and its last copy says when it was last heard from.
+func Publish(ctx context.Context, c *coord.Client, log *slog.Logger, summary func() Summary) {
+	var last []byte
+	var lastAt, failingSince time.Time
+	warned := false
+	for {
+		b, err := json.Marshal(summary())
+		if err == nil && (!bytes.Equal(b, last) || time.Since(lastAt) >= c.TTL()/3) {
+			pctx, cancel := context.WithTimeout(ctx, c.TTL()/2)
+			err = c.Publish(pctx, b)
+			cancel()
+			if err == nil {
+				last, lastAt = b, time.Now()
+			}
+		}
+		switch {
+		case err == nil:
+			failingSince, warned = time.Time{}, false
+		case failingSince.IsZero():
+			failingSince = time.Now()
+		case !warned && time.Since(failingSince) > c.TTL() && ctx.Err() == nil && log != nil:
+			// The lease lapsing is logged already; this says the entry is stale.
+			log.Warn("coordination: this host's status is not published", "error", err, "since", failingSince)
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// Status is the fleet as etcd has it: `agent status --fleet`.
+type Status struct {
+	Prefix   string        `json:"prefix"`
+	Hosts    []HostStatus  `json:"hosts"`
+	Rollouts []coord.Group `json:"rollouts"`
+}
+
+// HostStatus is one host: its last summary, and whether its lease still runs.
+type HostStatus struct {
+	Host      string `json:"host"`
+	Reachable bool   `json:"reachable"`
+	// Updated is when it last published; for an unreachable host, since when it has
+	// not been heard from.
+	Updated time.Time `json:"updated"`
+	Summary *Summary  `json:"summary"`
+}
+
+// Read reads the fleet's hosts and rollouts.
+func Read(ctx context.Context, c *coord.Client) (*Status, error) {
+	hosts, err := c.Hosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	groups, err := c.Rollouts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{Prefix: c.Prefix(), Hosts: []HostStatus{}, Rollouts: groups}
+	if st.Rollouts == nil {
+		st.Rollouts = []coord.Group{}
+	}
+	for _, h := range hosts {
+		hs := HostStatus{Host: h.Host, Reachable: h.Live, Updated: h.Updated}
+		var s Summary
+		if json.Unmarshal(h.Summary, &s) == nil {
+			hs.Summary = &s
+		}
+		st.Hosts = append(st.Hosts, hs)
+	}
+	return st, nil
+}
+
+// Degraded reports whether a host is unreachable or unhealthy, or a rollout stopped.
+func (s *Status) Degraded() bool {
+	for _, h := range s.Hosts {
+		if !h.Reachable || h.Summary == nil || !h.Summary.Healthy {
+			return true
+		}
+	}
+	for _, g := range s.Rollouts {
+		if g.Stop != nil {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,534 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/coord/etcdtest"
+	"github.com/agent-dev/agent/internal/testbin"
+)
+
+const prefix = "/agent/fleet-test"
+
+// harness is a fleet on one machine: an etcd (one or three members), and per host an
+// `agent run` with its own state directory, fake SGLang server, metrics port and var
+// file, all on one shared plan directory. Each agent reaches etcd through its own TCP
+// proxies on loopback, which the test can pause (a partition: bytes stop flowing, the
+// connections stay open).
+type harness struct {
+	t                 *testing.T
+	work, planDir     string
+	agentBin, fakeBin string
+	etcd              *etcdtest.Cluster
+	cli               *clientv3.Client
+	hosts             []*host
+	lease             time.Duration
+	lastWhy           string
+	settle            string
+}
+
+type host struct {
+	name         string
+	state, logs  string
+	varFile      string
+	port, listen int
+	proxies      []*proxy
+	logFile      string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// newHarness starts etcd with members members and writes the plan and var files of n
+// hosts; start launches their agents.
+func newHarness(t *testing.T, members, n int, lease time.Duration, settle string) *harness {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs etcd, three agents and three servers")
+	}
+	h := &harness{t: t, work: t.TempDir(), lease: lease, settle: settle}
+	h.etcd = etcdtest.Start(t, members, etcdtest.Options{})
+	h.agentBin, h.fakeBin = testbin.Agent(t), testbin.FakeSGLang(t)
+	h.planDir = filepath.Join(h.work, "plan")
+	if err := os.MkdirAll(h.planDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: h.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cli = cli
+	t.Cleanup(func() { cli.Close() })
+	t.Cleanup(func() {
+		for _, x := range h.hosts {
+			x.kill()
+		}
+		testbin.KillServers(h.work)
+	})
+	for i := range n {
+		x := &host{name: fmt.Sprintf("h%d", i+1), port: testbin.FreePort(t), listen: testbin.FreePort(t)}
+		x.state = filepath.Join(h.work, x.name, "state")
+		x.logs = filepath.Join(h.work, x.name, "logs")
+		x.logFile = filepath.Join(h.work, x.name, "agent.log")
+		if err := os.MkdirAll(filepath.Dir(x.logFile), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		var eps []string
+		for _, m := range h.etcd.Members {
+			p := startProxy(t, strings.TrimPrefix(m.ClientURL, "http://"))
+			x.proxies = append(x.proxies, p)
+			eps = append(eps, "http://"+p.addr())
+		}
+		x.varFile = filepath.Join(h.work, x.name+".vars.hcl")
+		quoted, _ := json.Marshal(eps)
+		vars := fmt.Sprintf("host = %q\nport = %d\nlisten = \"127.0.0.1:%d\"\netcd = %s\nlogs = %q\nfake = %q\n",
+			x.name, x.port, x.listen, quoted, x.logs, h.fakeBin)
+		if err := os.WriteFile(x.varFile, []byte(vars), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		h.hosts = append(h.hosts, x)
+	}
+	return h
+}
+
+// writePlan writes the shared plan with mem-fraction-static = mem (the flag the rollouts
+// change); the agents reload it on their own.
+func (h *harness) writePlan(mem string) {
+	h.t.Helper()
+	src := fmt.Sprintf(`variable "fake" {}
+variable "host" {}
+variable "port" { type = number }
+variable "listen" {}
+variable "etcd" { type = list(string) }
+variable "logs" {}
+
+agent {
+  interval       = "2s"
+  metrics_listen = var.listen
+  coordination {
+    etcd   = var.etcd
+    prefix = %q
+    lease  = "%ds"
+    name   = var.host
+  }
+}
+
+server "qwen" {
+  command = [var.fake]
+  flags = {
+    "model-path"          = "Qwen/Qwen3-8B"
+    "port"                = var.port
+    "mem-fraction-static" = %q
+  }
+  port = var.port
+  ready {
+    http    = "/health"
+    timeout = "60s"
+    settle  = %q
+  }
+  stop {
+    timeout = "2s"
+  }
+  smoke_test {
+    prompt     = "What is 2+2? Answer with one number."
+    max_tokens = 64
+    expect     = "4"
+  }
+  log_dir = var.logs
+  rollout {
+    group           = "qwen"
+    max_unavailable = 1
+  }
+}
+`, prefix, int(h.lease/time.Second), mem, h.settle)
+	tmp := filepath.Join(h.work, "plan.hcl.tmp")
+	if err := os.WriteFile(tmp, []byte(src), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(h.planDir, "main.hcl")); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// start launches x's agent run.
+func (h *harness) start(x *host) {
+	h.t.Helper()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	f, err := os.OpenFile(x.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(h.agentBin, "run", h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
+	cmd.Env = append(os.Environ(), "HOME="+h.work)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	x.cmd, x.exited = cmd, exited
+}
+
+// kill SIGKILLs x's agent (its servers live on, as after a crash).
+func (x *host) kill() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.cmd == nil {
+		return
+	}
+	_ = x.cmd.Process.Signal(syscall.SIGKILL)
+	<-x.exited
+	x.cmd = nil
+}
+
+// partition stops (or lets through again) everything between x's agent and etcd.
+func (x *host) partition(on bool) {
+	for _, p := range x.proxies {
+		p.pause(on)
+	}
+}
+
+func (x *host) log() string {
+	b, _ := os.ReadFile(x.logFile)
+	return string(b)
+}
+
+// serverPID is the PID x's state records for its server (0: none yet).
+func (x *host) serverPID() int {
+	var rec struct {
+		PID int `json:"pid"`
+	}
+	b, err := os.ReadFile(filepath.Join(x.state, "resources", "server.qwen.json"))
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		return 0
+	}
+	return rec.PID
+}
+
+// serves reports whether x's server answers /health with 200.
+func (x *host) serves() bool {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(x.port) + "/health")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// runs reports whether x's recorded server runs with mem-fraction-static mem and serves.
+func (x *host) runs(mem string) bool {
+	pid := x.serverPID()
+	if pid == 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(b), "\x00")
+	for i, a := range args {
+		if (a == "--mem-fraction-static" && i+1 < len(args) && args[i+1] == mem) || a == "--mem-fraction-static="+mem {
+			return x.serves()
+		}
+	}
+	return false
+}
+
+// permits reads the group's permits and stop from etcd.
+func (h *harness) permits() (ps []coord.Permit, stopped bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := h.cli.Get(ctx, prefix+"/rollouts/qwen/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, false, err
+	}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if strings.HasSuffix(k, "/stopped") {
+			stopped = true
+		}
+		if strings.Contains(k, "/permits/") {
+			var p coord.Permit
+			json.Unmarshal(kv.Value, &p)
+			p.Revision = kv.CreateRevision
+			ps = append(ps, p)
+		}
+	}
+	return ps, stopped, nil
+}
+
+// waitFor polls cond every 50 ms until it holds, failing the test (with every agent's
+// log tail) after limit.
+func (h *harness) waitFor(what string, limit time.Duration, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			for _, x := range h.hosts {
+				h.t.Logf("--- %s's agent log (tail):\n%s", x.name, tail(x.log(), 3000))
+			}
+			h.t.Fatalf("%s: not after %s%s", what, limit, h.why())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// deploy writes the plan with mem, starts every agent and waits until all serve it.
+func (h *harness) deploy(mem string) {
+	h.t.Helper()
+	h.writePlan(mem)
+	for _, x := range h.hosts {
+		h.start(x)
+	}
+	h.converged(mem, 2*time.Minute)
+}
+
+// holder waits for a host that holds a "disrupting" permit and satisfies cond.
+func (h *harness) holder(what string, cond func(*host) bool) *host {
+	h.t.Helper()
+	var holder *host
+	h.waitFor(what, 2*time.Minute, func() bool {
+		ps, _, _ := h.permits()
+		for _, p := range ps {
+			for _, x := range h.hosts {
+				if x.name == p.Host && p.State == "disrupting" && cond(x) {
+					holder = x
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return holder
+}
+
+// why is what the last failed convergence check saw.
+func (h *harness) why() string {
+	if h.lastWhy == "" {
+		return ""
+	}
+	return " (" + h.lastWhy + ")"
+}
+
+// converged waits until every host serves mem and etcd holds no permit and no stop.
+func (h *harness) converged(mem string, limit time.Duration) {
+	h.t.Helper()
+	h.waitFor("every host serves mem-fraction-static "+mem+" and no permit is left", limit, func() bool {
+		for _, x := range h.hosts {
+			if !x.runs(mem) {
+				h.lastWhy = x.name + " does not serve it"
+				return false
+			}
+		}
+		ps, stopped, err := h.permits()
+		h.lastWhy = fmt.Sprintf("permits %+v, stopped %v, %v", ps, stopped, err)
+		return err == nil && len(ps) == 0 && !stopped
+	})
+	h.lastWhy = ""
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// sampler asks every server's /health every 100 ms and keeps the most down at once. A
+// probe that times out (a loaded machine) says nothing either way.
+type sampler struct {
+	hosts  []*host
+	mu     sync.Mutex
+	peak   int
+	peakAt string
+	downs  map[string]int
+	n      int
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func startSampler(hosts []*host) *sampler {
+	s := &sampler{hosts: hosts, downs: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{})}
+	client := &http.Client{Timeout: 2 * time.Second}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var down []string
+			known := true
+			for _, x := range s.hosts {
+				resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(x.port) + "/health")
+				if err != nil {
+					var ne net.Error
+					if errors.As(err, &ne) && ne.Timeout() {
+						known = false
+						continue
+					}
+					down = append(down, x.name)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					down = append(down, x.name)
+				}
+			}
+			s.mu.Lock()
+			s.n++
+			for _, d := range down {
+				s.downs[d]++
+			}
+			if known && len(down) > s.peak {
+				s.peak, s.peakAt = len(down), fmt.Sprintf("%v at %s", down, time.Now().Format(time.StampMilli))
+			}
+			s.mu.Unlock()
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// result stops the sampler: the most servers down at once, when, and the samples.
+func (s *sampler) result() (peak int, at string, downs map[string]int, samples int) {
+	close(s.stop)
+	<-s.done
+	return s.peak, s.peakAt, s.downs, s.n
+}
+
+// check stops the sampler and fails the test if more than limit were down at once, or if
+// it never saw a server down (it did not watch the restarts).
+func (s *sampler) check(t *testing.T, limit int) int {
+	t.Helper()
+	peak, at, downs, n := s.result()
+	t.Logf("sampler: %d samples every 100 ms, down samples per host %v, most down at once %d (%s)", n, downs, peak, at)
+	if peak > limit {
+		t.Errorf("%d servers of the group were down at once (%s); max_unavailable is %d", peak, at, limit)
+	}
+	return peak
+}
+
+// proxy forwards TCP to target; paused, it forwards nothing (new connections wait,
+// bytes in flight wait), as a partition does.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	open   chan struct{} // closed while traffic flows
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, open: make(chan struct{})}
+	close(p.open)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) gate() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.open
+}
+
+func (p *proxy) pause(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open: // flowing
+		if on {
+			p.open = make(chan struct{})
+		}
+	default:
+		if !on {
+			close(p.open)
+		}
+	}
+}
+
+func (p *proxy) serve(c net.Conn) {
+	defer c.Close()
+	<-p.gate()
+	u, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	defer u.Close()
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				<-p.gate()
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- struct{}{}
+	}
+	go pipe(u, c)
+	go pipe(c, u)
+	<-done
+}
+
+// fleetStatus runs `agent status --fleet --json` on x's var file.
+func (h *harness) fleetStatus(x *host) (map[string]any, string) {
+	h.t.Helper()
+	cmd := exec.Command(h.agentBin, "status", "--fleet", "--json", h.planDir, "-var-file", x.varFile)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	_ = cmd.Run()
+	var doc map[string]any
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		h.t.Fatalf("agent status --fleet --json: %v\n%s", err, out.String())
+	}
+	return doc, out.String()
+}
