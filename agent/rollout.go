@@ -380,16 +380,6 @@ func (e *Engine) initRollouts() {
 	e.rollouts.setGroups(names)
 }
 
-// observe is check for apply and the loop: a rollout group member's observation is
-// recorded (and verifies a member in flight).
-func (e *Engine) observe(ctx context.Context, addr string) (*Diff, error) {
-	d, err := e.check(ctx, addr)
-	if e.groupOf[addr] != nil {
-		e.rollouts.observed(addr, d, err)
-	}
-	return d, err
-}
-
 // observeMembers observes every rollout member not observed yet, concurrently, before an
 // apply acts: a member already down must count before a healthy one is disrupted, even
 // when the walk reaches the healthy one first.

@@ -96,6 +96,9 @@ type Config struct {
 	// StopProgress is how often a stop that waits for a server to exit is logged
 	// (DefaultStopProgress when zero).
 	StopProgress time.Duration
+	// ProgressEvery is how often long work (a download) logs where it stands: bytes,
+	// rate, ETA (view.DefaultProgressEvery when zero).
+	ProgressEvery time.Duration
 	// LoadTimeout bounds one load of the plan (DefaultLoadTimeout when zero): a load
 	// past it is abandoned, and the last good plan keeps running.
 	LoadTimeout time.Duration
@@ -112,7 +115,9 @@ type Daemon struct {
 	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  notifier
 	metrics *metrics
-	queue   *workQueue
+	// progress says when long work's next progress line is due in the log.
+	progress view.ProgressLines
+	queue    *workQueue
 	// work is the workers' context: it ends only after the stop grace.
 	work context.Context
 
@@ -193,6 +198,7 @@ func (rs *resState) stopWatch() {
 func Run(ctx context.Context, cfg Config) error {
 	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
+	d.progress.Every = cfg.ProgressEvery
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -555,10 +561,10 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 			}
 		}
 		if !rs.done.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("reconciled_at", "reconciled", rs.done).WithText(rs.done.Format(time.RFC3339)))
+			s.Fields = append(s.Fields, agent.TimeField("reconciled_at", "reconciled", rs.done))
 		}
 		if !rs.downSince.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("down_since", "down since", rs.downSince).WithText(rs.downSince.Format(time.RFC3339)))
+			s.Fields = append(s.Fields, agent.TimeField("down_since", "down since", rs.downSince))
 		}
 		if rs.repairs > 0 {
 			s.Fields = append(s.Fields, agent.NumberField("repairs", "repairs", rs.repairs))
@@ -567,7 +573,7 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 			s.Fields = append(s.Fields, agent.DurationField("next_try_seconds", "next try", rs.until.Sub(now)).WithText(fmt.Sprintf("in %s (%d failures in a row)", rs.until.Sub(now).Round(100*time.Millisecond), rs.failures)))
 		}
 		for i, f := range rs.history {
-			s.Fields = append(s.Fields, agent.TextField(fmt.Sprintf("failure[%d]", i+1), fmt.Sprintf("failure %d", i+1), f.err).WithText(f.at.Format(time.RFC3339)+" "+f.err))
+			s.Fields = append(s.Fields, agent.TextField(fmt.Sprintf("failure[%d]", i+1), fmt.Sprintf("failure %d", i+1), f.err).WithText(agent.HumanTime(f.at)+" "+f.err))
 		}
 		st.Status = &s
 	}
