@@ -357,10 +357,10 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 	if err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	drain(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
+		return &statusError{path: path, code: resp.StatusCode}
 	}
 	return nil
 }

@@ -30,8 +30,10 @@ type View struct {
 	// mu keeps lines whole: progress (Progress, WorkProgress) comes from the goroutine
 	// of the step that reports it, beside the engine's events.
 	mu sync.Mutex
-	// bars is how many lines of bars each resource has on the terminal now.
-	bars map[string]int
+	// bars is the last progress of each resource at work, in the order they began;
+	// drawn, how many lines their bars take on the terminal now.
+	bars  []agent.Progress
+	drawn int
 	// lines says when progress is due as a line, without a terminal.
 	lines ProgressLines
 }
@@ -40,7 +42,15 @@ func (v *View) printf(format string, args ...any) {
 	line := v.Redact.String(fmt.Sprintf(format, args...))
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.drawn == 0 {
+		fmt.Fprint(v.W, line)
+		return
+	}
+	// Bars are on the terminal: the line goes above them, and they below it again.
+	fmt.Fprintf(v.Term, "\x1b[%dA\r\x1b[J", v.drawn)
+	v.drawn = 0
 	fmt.Fprint(v.W, line)
+	v.redraw(nil)
 }
 
 // Progress prints where a long step of addr stands, between its start and done events

@@ -134,3 +134,38 @@ func TestWorkProgressManyFiles(t *testing.T) {
 		}
 	}
 }
+
+// On a terminal, the bars of every resource at work are one block below the report's
+// lines: a line printed meanwhile (a step's result) erases the block, is written, and the
+// block is drawn again below it; one download ending leaves the other's bars.
+func TestWorkProgressBarsStayBelowTheReport(t *testing.T) {
+	t.Parallel()
+	var screen bytes.Buffer // stdout and stderr on one terminal
+	v := &View{W: &screen, Term: &screen}
+	v.WorkProgress(snapshot) // 3 lines
+	other := agent.Progress{Addr: "download.tok", Done: 1 << 20, Total: 2 << 20, Rate: 1 << 20, ETA: time.Second}
+	v.WorkProgress(other) // the block: 3 + 1 lines
+	screen.Reset()
+	v.ApplyEvent(agent.Event{Phase: agent.PhaseDone, Step: &agent.Step{Addr: "file.x", Applied: true, Diff: &agent.Diff{Action: agent.Create}}})
+	got := screen.String()
+	if !strings.HasPrefix(got, "\x1b[4A\r\x1b[J  ✓ file.x: created and verified (0s)\n") {
+		t.Errorf("the result line does not replace the block: %q", got)
+	}
+	rest := ansi.ReplaceAllString(strings.TrimPrefix(got, "\x1b[4A\r\x1b[J  ✓ file.x: created and verified (0s)\n"), "")
+	if strings.Count(rest, "\n") != 4 || !strings.Contains(rest, "download.qwen ") || !strings.Contains(rest, "download.tok ") {
+		t.Errorf("the block is not drawn again below the line: %q", rest)
+	}
+	screen.Reset()
+	v.WorkProgress(agent.Progress{Addr: "download.qwen", Final: true, Done: 8 << 30, Elapsed: 32 * time.Second})
+	got = screen.String()
+	want := "\x1b[4A\r\x1b[J  download.qwen: 8.0 GiB in place (32s, 256.0 MiB/s)\n  download.tok "
+	if !strings.HasPrefix(got, want) || strings.Count(got, "\n") != 2 {
+		t.Errorf("after download.qwen ended: %q, want its line, then download.tok's bar alone", got)
+	}
+	screen.Reset()
+	v.WorkProgress(agent.Progress{Addr: "download.tok", Final: true, Done: 2 << 20, Elapsed: 2 * time.Second})
+	v.printf("done\n")
+	if got := screen.String(); got != "\x1b[1A\r\x1b[J  download.tok: 2.0 MiB in place (2s, 1.0 MiB/s)\ndone\n" {
+		t.Errorf("after the last download ended: %q", got)
+	}
+}
