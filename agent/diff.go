@@ -13,6 +13,7 @@ type Action string
 // The actions, from none to most disruptive.
 const (
 	NoOp    Action = "no-op"
+	Adopt   Action = "adopt" // recorded as the agent's, as it runs: nothing on the host changes
 	Create  Action = "create"
 	Update  Action = "update"  // changed in place, nothing interrupted
 	Restart Action = "restart" // changed in place with a restart (a server relaunch)
@@ -20,9 +21,11 @@ const (
 	Delete  Action = "delete"  // removed (ensure = "absent")
 )
 
-// Symbol is the diff marker for people: +, ~, ↻, -/+, -.
+// Symbol is the diff marker for people: ←, +, ~, ↻, -/+, -.
 func (a Action) Symbol() string {
 	switch a {
+	case Adopt:
+		return "←"
 	case Create:
 		return "+"
 	case Update:
@@ -55,7 +58,33 @@ type Diff struct {
 	Warnings []string
 	// Detail is the resource's own record of what to do, read back by its Apply.
 	Detail any
+	// Record, when not nil, is what this observation found the resource's own state
+	// record must now say (an adoption, a pending launch settled, the time a server was
+	// first found not ready): data, since Check writes nothing. The engine keeps it
+	// (Engine.keep), under the state lock, before it acts on the diff; a plan keeps
+	// nothing.
+	Record *RecordUpdate
+	// Unfinished describes the break work an earlier make-before-break apply left
+	// ("retiring instance qwen on m2 stopped and deleted"), "" when none: observed like
+	// everything else, and done by Finisher.Finish once the resource's dependents
+	// verified (agent/finish.go). It is no change: a diff with only break work left is
+	// a no-op.
+	Unfinished string
 }
+
+// RecordUpdate is a change of a resource's own state record, as data.
+type RecordUpdate struct {
+	// Value is the new record (JSON-encoded by the store); nil deletes the record.
+	Value any
+	// Why says what the observation found, for the log ("adopted pid 4711").
+	Why string
+}
+
+// SaveRecord is the update that makes v the resource's record.
+func SaveRecord(v any, why string) *RecordUpdate { return &RecordUpdate{Value: v, Why: why} }
+
+// DeleteRecord is the update that removes the resource's record.
+func DeleteRecord(why string) *RecordUpdate { return &RecordUpdate{Why: why} }
 
 // NoChange is the Diff of a resource that matches the plan.
 func NoChange() *Diff { return &Diff{Action: NoOp} }
@@ -81,16 +110,18 @@ func (d *Diff) Derive() *Diff {
 
 func rank(a Action) int {
 	switch a {
-	case Update:
+	case Adopt:
 		return 1
-	case Create:
+	case Update:
 		return 2
-	case Restart:
+	case Create:
 		return 3
-	case Replace:
+	case Restart:
 		return 4
-	case Delete:
+	case Replace:
 		return 5
+	case Delete:
+		return 6
 	}
 	return 0
 }
@@ -100,6 +131,7 @@ type Effect string
 
 // The effects, from least to most disruptive.
 const (
+	Adopts        Effect = "adopt"    // recorded as the agent's, as it runs: nothing on the host changes
 	InPlace       Effect = "in-place" // changed where it is, nothing interrupted
 	Creates       Effect = "create"   // the resource does not exist yet: made
 	Restarts      Effect = "restart"  // the resource is restarted (a server relaunch)
@@ -111,6 +143,8 @@ const (
 // Action is the resource action an effect amounts to.
 func (e Effect) Action() Action {
 	switch e {
+	case Adopts:
+		return Adopt
 	case Creates:
 		return Create
 	case Restarts:
@@ -157,11 +191,14 @@ const (
 	// ReasonMigrate: placed on another cluster member (a container's target changed),
 	// make before break: the new one verified before the old one is stopped.
 	ReasonMigrate Reason = "migrate"
+	// ReasonUnrecorded: it runs exactly as the plan says, but no record names it yet
+	// (a server started by hand, found by `agent export`): adopted, as an import is.
+	ReasonUnrecorded Reason = "unrecorded"
 )
 
 // Reasons lists every reason, for documentation and tests.
 var Reasons = []Reason{ReasonMissing, ReasonDiffers, ReasonIdentity, ReasonImmutable, ReasonGone, ReasonUnhealthy,
-	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate}
+	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate, ReasonUnrecorded}
 
 // Describe is the reason for people.
 func (r Reason) Describe() string {
@@ -192,6 +229,8 @@ func (r Reason) Describe() string {
 		return "agent destroy"
 	case ReasonMigrate:
 		return "moves to another member, make before break"
+	case ReasonUnrecorded:
+		return "runs as planned, not recorded yet"
 	}
 	return string(r)
 }
@@ -312,6 +351,9 @@ func (r Raw) String() string { return string(r) }
 
 // Summary counts the actions of a set of diffs, for "Plan: 1 to create, …".
 type Summary struct {
+	// Adopt is only in documents that adopt something, so that every other document
+	// reads as it always did.
+	Adopt   int `json:"adopt,omitempty"`
 	Create  int `json:"create"`
 	Update  int `json:"update"`
 	Restart int `json:"restart"`
@@ -321,6 +363,8 @@ type Summary struct {
 
 func (s *Summary) count(a Action) {
 	switch a {
+	case Adopt:
+		s.Adopt++
 	case Create:
 		s.Create++
 	case Update:
@@ -335,10 +379,15 @@ func (s *Summary) count(a Action) {
 }
 
 // Total is the number of resources that change.
-func (s Summary) Total() int { return s.Create + s.Update + s.Restart + s.Replace + s.Delete }
+func (s Summary) Total() int { return s.Adopt + s.Create + s.Update + s.Restart + s.Replace + s.Delete }
 
+// String is "1 to create, 0 to update, …", led by "N to adopt" only when some adopt (as
+// Terraform names imports only when a plan has some).
 func (s Summary) String() string {
 	var parts []string
+	if s.Adopt > 0 {
+		parts = append(parts, fmt.Sprintf("%d to adopt", s.Adopt))
+	}
 	for _, p := range []struct {
 		n    int
 		verb string

@@ -216,8 +216,17 @@ func (e *Engine) Order() []string {
 	return order
 }
 
+// env is what addr's Apply, Finish, Status and Watch get: its own record, writable.
 func (e *Engine) env(addr string) *Env {
 	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, OnProgress: e.opts.Progress}
+}
+
+// observeEnv is what addr's Check gets: its own record, read-only. What the observation
+// found the record must say comes back in the diff (Diff.Record), and keep writes it.
+func (e *Engine) observeEnv(addr string) *Env {
+	env := e.env(addr)
+	env.State = env.State.ReadOnly()
+	return env
 }
 
 // Budget bounds how long one Apply of the whole plan can take: every step's observe, act
@@ -264,12 +273,14 @@ func (e *Engine) guard(ctx context.Context, addr, what string, fn func(ctx conte
 	return err
 }
 
-// check runs one resource's Check and prefixes its errors with the address.
+// check runs one resource's Check, which reads its own record and writes nothing, and
+// prefixes its errors with the address. Its record update, if any, is in the diff: plan
+// and status drop it; apply and the reconcile loop keep it (observe).
 func (e *Engine) check(ctx context.Context, addr string) (*Diff, error) {
 	var d *Diff
 	err := e.guard(ctx, addr, "observe", func(ctx context.Context) error {
 		var err error
-		d, err = e.resources[addr].Check(ctx, e.env(addr))
+		d, err = e.resources[addr].Check(ctx, e.observeEnv(addr))
 		return err
 	})
 	if err != nil {
@@ -279,6 +290,44 @@ func (e *Engine) check(ctx context.Context, addr string) (*Diff, error) {
 		d = NoChange()
 	}
 	return d.Derive(), nil
+}
+
+// observe is check for apply and the loop, which act on what they observe: the record
+// update is kept (keep), and a rollout group member's observation is counted (and
+// verifies a member in flight).
+func (e *Engine) observe(ctx context.Context, addr string) (*Diff, error) {
+	d, err := e.check(ctx, addr)
+	if err == nil {
+		if err = e.keep(addr, d); err != nil {
+			d = nil
+		}
+	}
+	if e.groupOf[addr] != nil {
+		e.rollouts.observed(addr, d, err)
+	}
+	return d, err
+}
+
+// keep writes the record update an observation of addr returned: the one place where
+// what a Check found reaches the state directory, under the state lock that apply and
+// agent run hold. An apply keeps it before acting on the diff, whatever its action (the
+// time a server was first found not ready is kept while it stays within its grace).
+func (e *Engine) keep(addr string, d *Diff) error {
+	if d == nil || d.Record == nil {
+		return nil
+	}
+	st := e.stateFor(addr)
+	var err error
+	if d.Record.Value == nil {
+		err = st.Delete()
+	} else {
+		err = st.Save(d.Record.Value)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: record what was observed (%s): %w", addr, d.Record.Why, err)
+	}
+	e.log.Info("recorded", "resource", addr, "what", d.Record.Why)
+	return nil
 }
 
 // withAddr prefixes err with the resource address unless it already starts with it.
@@ -306,6 +355,10 @@ type Step struct {
 	Orphan bool
 	// MovedFrom is the old address of a resource a moved block renamed.
 	MovedFrom string
+	// Unfinished is the break work the step's last observation reported (Diff.Unfinished
+	// of the verifying Check when it applied): what Finish does once the resource's
+	// dependents verified.
+	Unfinished string
 	// Finished describes the break work this apply finished after the resource's
 	// dependents verified (Finisher): a migrated container's old instance deleted.
 	Finished string
@@ -526,6 +579,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 	if err != nil {
 		return err
 	}
+	st.Unfinished = d.Unfinished
 	if d.Action == NoOp {
 		return nil
 	}
@@ -542,6 +596,9 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 	}
 	d, fresh, err := e.gate(ctx, run, addr, d)
 	st.Diff = d
+	if d != nil {
+		st.Unfinished = d.Unfinished
+	}
 	if err != nil || d.Action == NoOp {
 		return err
 	}
@@ -580,7 +637,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 		e.rolloutFailed(ctx, addr, err)
 		return err
 	}
-	st.Applied = true
+	st.Applied, st.Unfinished = true, after.Unfinished
 	e.log.Info("applied and verified", "resource", addr, "action", string(d.Action))
 	return nil
 }

@@ -14,26 +14,14 @@ import (
 // last verified converged). If one of them fails, nothing is broken: the old thing keeps
 // serving, and a later apply finishes once they converge.
 //
-// The engine knows no kind: what "unfinished" means is the resource's own record.
+// The engine knows no kind: what is unfinished is what the resource's Check reports
+// (Diff.Unfinished), observed like every other fact, and a finish is verified by a
+// fresh Check, like every other step.
 type Finisher interface {
-	// Unfinished describes the break work left ("retiring instance qwen on m2: stopped
-	// and deleted once its dependents verify"), or "" when there is none. It reads the
-	// resource's own record only: it never touches the host.
-	Unfinished(env *Env) string
 	// Finish carries the break work out and verifies it (a process stopped with proof,
 	// an instance gone from the API), recording each step first so that an agent killed
 	// midway finishes on its next run.
 	Finish(ctx context.Context, env *Env) error
-}
-
-// Unfinished describes addr's break work left by an earlier apply ("" when none, or when
-// addr is not a Finisher).
-func (e *Engine) Unfinished(addr string) string {
-	f, ok := e.resources[addr].(Finisher)
-	if !ok || e.isOrphan(addr) {
-		return ""
-	}
-	return f.Unfinished(e.env(addr))
 }
 
 // PlanDependents returns every resource of the whole plan that depends on addr, directly
@@ -41,15 +29,14 @@ func (e *Engine) Unfinished(addr string) string {
 // --target, on purpose: a dependent left out of the run has not verified in it.
 func (e *Engine) PlanDependents(addr string) []string { return e.full.Dependents(addr) }
 
-// Finish runs addr's Finish under its step timeout and panic guard; nil when addr has
-// nothing to finish.
-func (e *Engine) Finish(ctx context.Context, addr string) error {
+// Finish does the break work st's last observation reported (st.Unfinished) under the
+// step timeout and panic guard, and verifies it with a fresh Check: the step succeeds
+// only when that Check reports no break work left. It then sets st.Finished to what was
+// done. Nil at once when nothing is unfinished.
+func (e *Engine) Finish(ctx context.Context, st *Step) error {
+	addr, what := st.Addr, st.Unfinished
 	f, ok := e.resources[addr].(Finisher)
-	if !ok {
-		return nil
-	}
-	what := f.Unfinished(e.env(addr))
-	if what == "" {
+	if !ok || what == "" {
 		return nil
 	}
 	e.log.Info("finishing", "resource", addr, "work", what)
@@ -59,9 +46,14 @@ func (e *Engine) Finish(ctx context.Context, addr string) error {
 	if err != nil {
 		return withAddr(addr, "finish", err)
 	}
-	if left := f.Unfinished(e.env(addr)); left != "" {
-		return fmt.Errorf("%s: finish: still unfinished after finishing: %s", addr, left)
+	after, err := e.observe(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("%w (while verifying the finish)", err)
 	}
+	if after.Unfinished != "" {
+		return fmt.Errorf("%s: finish: still unfinished after finishing: %s", addr, after.Unfinished)
+	}
+	st.Finished, st.Unfinished = what, ""
 	e.log.Info("finished and verified", "resource", addr)
 	return nil
 }
@@ -76,11 +68,10 @@ func (e *Engine) finishAll(ctx context.Context, byAddr map[string]*Step, emit fu
 	for i := len(order) - 1; i >= 0; i-- {
 		addr := order[i]
 		st := byAddr[addr]
-		if st == nil || st.Err != nil || ctx.Err() != nil {
+		if st == nil || st.Err != nil || ctx.Err() != nil || st.Unfinished == "" {
 			continue
 		}
-		what := e.Unfinished(addr)
-		if what == "" {
+		if _, ok := e.resources[addr].(Finisher); !ok {
 			continue
 		}
 		var waiting []string
@@ -91,17 +82,16 @@ func (e *Engine) finishAll(ctx context.Context, byAddr map[string]*Step, emit fu
 		}
 		if len(waiting) > 0 {
 			if st.Diff != nil {
-				st.Diff.Warnings = append(st.Diff.Warnings, fmt.Sprintf("%s; left until %v verify in an apply", what, waiting))
+				st.Diff.Warnings = append(st.Diff.Warnings, fmt.Sprintf("%s; left until %v verify in an apply", st.Unfinished, waiting))
 			}
-			e.log.Warn("not finished: dependents have not verified", "resource", addr, "work", what, "waiting_for", waiting)
+			e.log.Warn("not finished: dependents have not verified", "resource", addr, "work", st.Unfinished, "waiting_for", waiting)
 			continue
 		}
-		if err := e.Finish(ctx, addr); err != nil {
+		if err := e.Finish(ctx, st); err != nil {
 			st.Err = err
 			emit(st, "done")
 			continue
 		}
-		st.Finished = what
 		emit(st, "finished")
 	}
 }

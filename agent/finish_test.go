@@ -28,12 +28,17 @@ type fin struct {
 }
 
 func (f *fin) Check(ctx context.Context, env *Env) (*Diff, error) {
+	left := f.unfinished()
 	f.h.mu.Lock()
 	defer f.h.mu.Unlock()
 	if have := f.h.values[f.addr]; have != f.cfg.Value {
-		return (&Diff{}).Add(Set("value", have, f.cfg.Value).Because(Replaces, ReasonMigrate)).Derive(), nil
+		d := (&Diff{}).Add(Set("value", have, f.cfg.Value).Because(Replaces, ReasonMigrate)).Derive()
+		d.Unfinished = left
+		return d, nil
 	}
-	return NoChange(), nil
+	d := NoChange()
+	d.Unfinished = left
+	return d, nil
 }
 
 func (f *fin) Apply(ctx context.Context, env *Env, d *Diff) error {
@@ -47,7 +52,7 @@ func (f *fin) Apply(ctx context.Context, env *Env, d *Diff) error {
 	return nil
 }
 
-func (f *fin) Unfinished(env *Env) string {
+func (f *fin) unfinished() string {
 	f.h.mu.Lock()
 	defer f.h.mu.Unlock()
 	if old, ok := f.h.values[f.addr+"#old"]; ok {
@@ -199,7 +204,15 @@ func (m migMember) Apply(ctx context.Context, env *Env, d *Diff) error {
 	return m.member.Apply(ctx, env, d)
 }
 
-func (m migMember) Unfinished(env *Env) string {
+func (m migMember) Check(ctx context.Context, env *Env) (*Diff, error) {
+	d, err := m.member.Check(ctx, env)
+	if d != nil {
+		d.Unfinished = m.unfinished()
+	}
+	return d, err
+}
+
+func (m migMember) unfinished() string {
 	m.f.mu.Lock()
 	defer m.f.mu.Unlock()
 	if _, ok := m.f.values[m.addr+"#old"]; ok {

@@ -83,7 +83,8 @@ func (e *Engine) Reconcile(ctx context.Context, addr string) *Step {
 }
 
 // Observe runs addr's Check alone (under its timeout): what Reconcile would act on, with
-// nothing changed. A loop uses it to see whether the host moved under a held resource.
+// nothing changed and nothing recorded (as a plan). A loop uses it to see whether the
+// host moved under a held resource.
 func (e *Engine) Observe(ctx context.Context, addr string) (*Diff, error) {
 	return e.check(ctx, addr)
 }

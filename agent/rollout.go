@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -380,16 +381,6 @@ func (e *Engine) initRollouts() {
 	e.rollouts.setGroups(names)
 }
 
-// observe is check for apply and the loop: a rollout group member's observation is
-// recorded (and verifies a member in flight).
-func (e *Engine) observe(ctx context.Context, addr string) (*Diff, error) {
-	d, err := e.check(ctx, addr)
-	if e.groupOf[addr] != nil {
-		e.rollouts.observed(addr, d, err)
-	}
-	return d, err
-}
-
 // observeMembers observes every rollout member not observed yet, concurrently, before an
 // apply acts: a member already down must count before a healthy one is disrupted, even
 // when the walk reaches the healthy one first.
@@ -501,6 +492,7 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 	if g == nil || e.destroying {
 		return d, false, nil
 	}
+	lastWhy := ""
 	for {
 		if _, down := d.Unavailable(); d.Action == NoOp || !d.Action.Destructive() && !down {
 			return d, false, nil // an in-place change interrupts nothing
@@ -528,7 +520,15 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 		if run.hopeless(refusal) {
 			return d, false, refusal
 		}
-		e.log.Info("rollout: waiting for the group", "resource", addr, "group", g.Name, "why", refusal.Error())
+		if why := refusal.Error(); why != lastWhy {
+			// Waiting on other hosts can be long: an apply's operator sees it (warn).
+			level := slog.LevelInfo
+			if refusal.remote() {
+				level = slog.LevelWarn
+			}
+			e.log.Log(ctx, level, "rollout: waiting for the group", "resource", addr, "group", g.Name, "why", why)
+			lastWhy = why
+		}
 		<-run.slots
 		select {
 		case <-changed:

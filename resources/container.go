@@ -492,15 +492,26 @@ func resolveImage(ctx context.Context, c *incus.Client, image string) (string, e
 	return "", fmt.Errorf("image %q: no local image has that alias or fingerprint (incus image list shows what the daemon holds)", image)
 }
 
-// Check observes the instance and compares it with the plan.
+// Check observes the instance and compares it with the plan; a migration's break work
+// left (its retiring instance) is part of what it reports.
 func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	if k.absent {
 		return k.checkAbsent(ctx, env)
 	}
-	k, rec, err := k.liveView(env)
+	live, rec, err := k.liveView(env)
 	if err != nil {
 		return nil, err
 	}
+	d, err := live.observe(ctx, env, rec)
+	if d != nil {
+		d.Unfinished = k.unfinished(rec)
+	}
+	return d, err
+}
+
+// observe is Check on the live instance, rec its record.
+func (k *Container) observe(ctx context.Context, env *agent.Env, rec containerRecord) (*agent.Diff, error) {
+	var err error
 	c := k.client(env)
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
@@ -1254,7 +1265,7 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		}
 		st.Fields = append(st.Fields, agent.NumberField("init_pid", "init_pid", state.Pid))
 		if !state.StartedAt.IsZero() && state.StartedAt.Year() > 1970 {
-			st.Fields = append(st.Fields, agent.TimeField("started_at", "started", state.StartedAt).WithText(state.StartedAt.UTC().Format(time.RFC3339)))
+			st.Fields = append(st.Fields, agent.TimeField("started_at", "started", state.StartedAt))
 		}
 		for _, ifname := range containerKeys(state.Network) {
 			if ifname == "lo" {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/incus"
-	"github.com/agent-dev/agent/internal/lifecycle"
 )
 
 // A migration is a change of a container's target: the instance must end up on another
@@ -74,41 +73,6 @@ func (k *Container) liveView(env *agent.Env) (*Container, containerRecord, error
 		return k.view(rec.Instance), rec, nil
 	}
 	return k, rec, nil
-}
-
-// liveInstance is, for a server in the instance the plan names name, the instance it
-// must run in now and the one retiring from a migration ("" when none), from the record
-// of the container block that manages name. Without one, name itself.
-func liveInstance(env *agent.Env, name string) (live, retiring string) {
-	if env == nil || env.State == nil {
-		return name, ""
-	}
-	live, retiring = name, ""
-	eachRecord(env, "container.", func(_ string, rec containerRecord) bool {
-		if rec.Base != name {
-			return true
-		}
-		if rec.Instance == pairName(name, name) {
-			live = rec.Instance
-		}
-		retiring = rec.Retiring
-		return false
-	})
-	return live, retiring
-}
-
-// serversIn reports whether a server the agent launched (and has not stopped for good)
-// runs in the instance, by the servers' records: what a migration must not interrupt.
-func serversIn(env *agent.Env, instance string) bool {
-	if env == nil || env.State == nil {
-		return true // unknown: make before break, the safe way
-	}
-	found := false
-	ok := eachRecord(env, "server.", func(_ string, rec serverRecord) bool {
-		found = rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance)
-		return !found
-	})
-	return found || !ok // unknown: make before break, the safe way
 }
 
 // migrateDiff is the diff of an instance on another member than the plan's target.
@@ -239,13 +203,10 @@ func (k *Container) applyMigrate(ctx context.Context, c *incus.Client, env *agen
 
 var _ agent.Finisher = (*Container)(nil)
 
-// Unfinished names the retiring instance of a migration, if any.
-func (k *Container) Unfinished(env *agent.Env) string {
-	if k.absent || env == nil || env.State == nil {
-		return ""
-	}
-	var rec containerRecord
-	if ok, err := env.State.Load(&rec); err != nil || !ok || rec.Base != k.planName() {
+// unfinished names the break work a migration left, by the container's record rec: its
+// retiring instance, or a pair an interrupted migration built and never made live.
+func (k *Container) unfinished(rec containerRecord) string {
+	if rec.Base != k.planName() {
 		return ""
 	}
 	if rec.Retiring == "" {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -329,7 +330,7 @@ func (d *Download) resolveTarget(ctx context.Context, env *agent.Env) (*target, 
 		if err != nil {
 			if cached != nil && ctx.Err() == nil {
 				warnings = append(warnings, fmt.Sprintf("could not reach the Hub (%v); using commit %s of %q listed %s",
-					err, cached.Commit, h.revision, cached.ListedAt.Format(time.RFC3339)))
+					err, cached.Commit, h.revision, agent.HumanTime(cached.ListedAt)))
 				listing = cached
 				break
 			}
@@ -419,12 +420,6 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 	if err != nil {
 		return nil, err
 	}
-	if t.fresh {
-		// Record the listing (a fact about the remote) so the next plan needs no listing.
-		if err := d.saveListing(env, t.listing); err != nil {
-			return nil, err
-		}
-	}
 	if err := trust.Dir(d.dest); err != nil {
 		return nil, fmt.Errorf("dest: %w", err)
 	}
@@ -433,6 +428,13 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		return nil, err
 	}
 	diff := &agent.Diff{Warnings: t.warnings, Detail: &downloadDetail{files: t.files, listing: t.listing}}
+	if t.fresh {
+		// The listing (a fact about the remote) is recorded, so that the next run
+		// needs no listing.
+		rec := prev
+		rec.Hub, rec.Dest = t.listing, d.dest
+		diff.Record = agent.SaveRecord(&rec, fmt.Sprintf("the listing of %s at commit %s", t.listing.Repo, t.listing.Commit))
+	}
 	if _, err := os.Stat(d.dest); errors.Is(err, os.ErrNotExist) {
 		diff.Add(agent.Added("dest", d.dest).Because(agent.Creates, agent.ReasonMissing))
 	}
@@ -455,11 +457,11 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		case fs.State == fetch.StateVerify:
 			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("re-verify " + size), Note: "hashed, re-downloaded if wrong", Reason: agent.ReasonUnverified})
 		case fs.Size >= 0:
-			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("download " + size), Reason: agent.ReasonDiffers})
+			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: toDownload(f.Size, 0), Reason: agent.ReasonDiffers})
 		case fs.Partial > 0:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw(fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))), Reason: agent.ReasonMissing})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: toDownload(f.Size, fs.Partial), Reason: agent.ReasonMissing})
 		default:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw("download " + size), Reason: agent.ReasonMissing})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: toDownload(f.Size, 0), Reason: agent.ReasonMissing})
 		}
 		missing++
 	}
@@ -480,15 +482,6 @@ func extraWarnings(extra []string) []string {
 		list += fmt.Sprintf(" and %d more", len(extra)-show)
 	}
 	return []string{fmt.Sprintf("%d file(s) in dest are not part of this download and are kept: %s", len(extra), list)}
-}
-
-func (d *Download) saveListing(env *agent.Env, l *hubListing) error {
-	var rec downloadRecord
-	if _, err := env.State.Load(&rec); err != nil {
-		return err
-	}
-	rec.Hub, rec.Dest = l, d.dest
-	return env.State.Save(&rec)
 }
 
 // Apply downloads what Check found missing (resuming partial files), verifies every file and
@@ -713,4 +706,26 @@ func logSources(env *agent.Env, mirrors []string, res fetch.Result) {
 	if fromMirrors+fromOrigin > 0 {
 		env.Log.Info("download sources", "files_from_mirrors", fromMirrors, "files_from_origin", fromOrigin, "origin_bytes", originBytes)
 	}
+}
+
+// downloadSize is a file change's new value: what will be downloaded. --json writes the
+// file's size in bytes (docs/json-output.md: sizes are bytes; -1 when the source does not
+// say); people read "download 16.0 MiB (resume, 4.0 MiB on disk)".
+type downloadSize struct{ size, partial int64 }
+
+func toDownload(size, partial int64) downloadSize { return downloadSize{size, partial} }
+
+func (d downloadSize) String() string {
+	s := "download size unknown"
+	if d.size >= 0 {
+		s = "download " + bytesize.Format(d.size)
+	}
+	if d.partial > 0 {
+		s += fmt.Sprintf(" (resume, %s on disk)", bytesize.Format(d.partial))
+	}
+	return s
+}
+
+func (d downloadSize) MarshalJSON() ([]byte, error) {
+	return []byte(strconv.FormatInt(d.size, 10)), nil
 }

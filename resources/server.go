@@ -710,6 +710,9 @@ type serverDetail struct {
 	// migrate: prev runs in the instance its container's migration retires; it is kept
 	// running (Retiring) while the new generation launches (server_migrate.go).
 	migrate bool
+	// adopt: a running process found to be this server; the engine records it (the
+	// diff's record update) and nothing else is done.
+	adopt bool
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -727,11 +730,27 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if stopped {
 		has = false // stopped for good: a launch is a new start, numbered after it
 	}
+	var found *agent.RecordUpdate // a pending launch settled
 	if has && rec.Pending != nil {
-		if has, err = s.recoverPending(env, &rec); err != nil {
+		if has, found, err = s.recoverPending(env, &rec); err != nil {
 			return nil, err
 		}
 	}
+	d, err := s.observe(ctx, env, has, stopped, &rec)
+	if d != nil && d.Record == nil {
+		d.Record = found
+	}
+	if d != nil && has {
+		d.Unfinished = unfinished(&rec)
+	}
+	return d, err
+}
+
+// observe is Check past the record: has says whether rec names a launch (stopped: a
+// record stopped for good, whose generation a launch continues).
+func (s *Server) observe(ctx context.Context, env *agent.Env, has, stopped bool, rec0 *serverRecord) (*agent.Diff, error) {
+	rec := *rec0
+	var err error
 	// PIDs and start times in the namespace the record names (server_remote.go).
 	alive := false
 	if has {
@@ -864,18 +883,7 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 		if st, err := procStart(ctx, procs, owner.StartTicks); err == nil {
 			adopt.LaunchedAt = st
 		}
-		// Adopted here, in Check: recording a fact the agent just proved (this PID, with
-		// this start time, runs exactly the plan's command line) changes nothing on the
-		// host, so a plan of an exported host says "no changes" and names the adoption.
-		if err := env.State.Save(&adopt); err != nil {
-			return nil, err
-		}
-		env.Log.Info("adopted a running server", "pid", owner.PID)
-		d, err := s.checkReady(ctx, env, lc, &adopt)
-		if d != nil {
-			d.Warnings = append(d.Warnings, fmt.Sprintf("adopted pid %d: it already runs this exact command line on port %d; recorded as this server's, not restarted", owner.PID, s.port))
-		}
-		return d, err
+		return s.adoptDiff(ctx, env, lc, &adopt)
 	}
 	desc := describeProc(ctx, procs, owner.PID)
 	if !s.takeover {
@@ -893,8 +901,28 @@ func (s *Server) check(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecy
 	return d, nil
 }
 
+// adoptDiff is the adoption of a process the agent just proved runs exactly the plan's
+// command line (this PID, with this start time): a planned change, as a Terraform import
+// is, that nothing on the host changes; apply records it (the diff's record update) and
+// restarts nothing. The adopted server is then judged as a recorded one (checkReady).
+func (s *Server) adoptDiff(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, adopt *serverRecord) (*agent.Diff, error) {
+	d, err := s.checkReady(ctx, env, lc, adopt)
+	if err != nil {
+		return nil, err
+	}
+	c := agent.Added("process", agent.Raw(fmt.Sprintf("pid %d, generation %d", adopt.PID, adopt.Generation)))
+	c.Note = fmt.Sprintf("adopt pid %d: it already runs this exact command line on port %d; recorded as this server's, not restarted", adopt.PID, s.port)
+	d.Changes = append([]agent.Change{c.Because(agent.Adopts, agent.ReasonUnrecorded)}, d.Changes...)
+	d.Record = agent.SaveRecord(adopt, fmt.Sprintf("adopted pid %d, which runs this server's exact command line", adopt.PID))
+	if d.Detail == nil {
+		d.Detail = &serverDetail{adopt: true}
+	}
+	return d, nil
+}
+
 // checkReady judges a running server whose identity matches: ready is a no-op, and so
-// is not ready within its grace; past it, a relaunch.
+// is not ready within its grace; past it, a relaunch. When it finds the server not ready
+// for the first time, or ready again, the diff carries rec updated.
 func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, rec *serverRecord) (*agent.Diff, error) {
 	if lc == nil { // cannot be: the process runs in it
 		return nil, fmt.Errorf("pid %d runs, but its container %s does not exist", rec.PID, s.container)
@@ -902,19 +930,17 @@ func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	why := s.notReady(ctx, lc, rec)
 	now := env.Now()
 	if why == "" {
+		d := agent.NoChange()
 		if !rec.UnreadySince.IsZero() {
 			rec.UnreadySince = time.Time{}
-			if err := env.State.Save(rec); err != nil {
-				return nil, err
-			}
+			d.Record = agent.SaveRecord(rec, fmt.Sprintf("pid %d is ready again", rec.PID))
 		}
-		return agent.NoChange(), nil
+		return d, nil
 	}
+	var found *agent.RecordUpdate
 	if rec.UnreadySince.IsZero() {
 		rec.UnreadySince = now
-		if err := env.State.Save(rec); err != nil {
-			return nil, err
-		}
+		found = agent.SaveRecord(rec, fmt.Sprintf("pid %d found not ready: %s", rec.PID, why))
 	}
 	limit := rec.UnreadySince.Add(s.grace)
 	if l := rec.LaunchedAt.Add(s.ready.Timeout); !rec.Adopted && l.After(limit) {
@@ -922,13 +948,14 @@ func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	}
 	if now.Before(limit) {
 		d := agent.NoChange()
+		d.Record = found
 		d.Warnings = append(d.Warnings, fmt.Sprintf("pid %d is not ready (%s) since %s; it is relaunched if still not ready at %s (unhealthy_grace %s)",
 			rec.PID, why, rec.UnreadySince.Format(time.TimeOnly), limit.Format(time.TimeOnly), s.grace))
 		return d, nil
 	}
-	c := agent.Set("readiness", agent.Raw(fmt.Sprintf("not ready since %s: %s", rec.UnreadySince.Format(time.RFC3339), why)), agent.Raw("a new generation"))
+	c := agent.Set("readiness", agent.Raw(fmt.Sprintf("not ready since %s: %s", agent.HumanTime(rec.UnreadySince), why)), agent.Raw("a new generation"))
 	c.Note = "restart: unhealthy for longer than unhealthy_grace " + s.grace.String()
-	return &agent.Diff{Changes: []agent.Change{c.Because(agent.Restarts, agent.ReasonUnhealthy)}, Detail: &serverDetail{prev: rec, stop: true}}, nil
+	return &agent.Diff{Changes: []agent.Change{c.Because(agent.Restarts, agent.ReasonUnhealthy)}, Detail: &serverDetail{prev: rec, stop: true}, Record: found}, nil
 }
 
 // notReady probes readiness once; "" means ready. ready.http is the live probe; the
@@ -1114,6 +1141,9 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if s.absent {
 		return s.applyAbsent(ctx, env, det)
 	}
+	if det.adopt {
+		return nil // recorded by the engine, from the diff: nothing on the host changes
+	}
 	s = s.liveView(env)
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil {
@@ -1229,15 +1259,16 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 // recoverPending settles a launch recorded as pending by an agent that stopped before
 // recording its process: the live session leader that carries the pending marker (the
 // lifecycle starts every server as one) becomes the record, as launched; with none,
-// the intent is void. It returns whether a record remains.
-func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, error) {
+// the intent is void. It returns whether a record remains, and the record update that
+// says so (the engine keeps it: an observation writes nothing).
+func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
 	p := *rec.Pending
-	if found, err := s.recoverPendingRemote(env, rec); found || err != nil {
-		return rec.PID > 0, err
+	if settled, found, err := s.recoverPendingRemote(env, rec); settled || err != nil {
+		return rec.PID > 0, found, err
 	}
 	all, err := s.host.Proc.All()
 	if err != nil {
-		return false, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
+		return false, nil, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
 	}
 	for _, st := range all {
 		if st.Dead() || st.PID != st.Session {
@@ -1250,16 +1281,32 @@ func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, error)
 		if boot, err := s.host.Proc.BootTime(); err == nil {
 			p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
 		}
-		env.Log.Warn("adopting the launch of an agent that stopped before recording it",
-			"generation", p.Generation, "pid", p.PID)
 		*rec = p
-		return true, env.State.Save(rec)
+		return true, pendingFound(rec, ""), nil
 	}
+	return voidPending(rec)
+}
+
+// pendingFound is the record update of a pending launch found running (in container,
+// "" on the host).
+func pendingFound(rec *serverRecord, container string) *agent.RecordUpdate {
+	where := ""
+	if container != "" {
+		where = " in container " + container
+	}
+	return agent.SaveRecord(rec, fmt.Sprintf("adopting the launch of generation %d (pid %d%s), which an agent that stopped before recording it left pending",
+		rec.Generation, rec.PID, where))
+}
+
+// voidPending forgets a pending launch whose process was not found: the record as it
+// was before it, or none. It returns whether a record remains.
+func voidPending(rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+	why := fmt.Sprintf("the pending launch of generation %d never started", rec.Pending.Generation)
 	rec.Pending = nil
 	if rec.PID == 0 {
-		return false, env.State.Delete()
+		return false, agent.DeleteRecord(why), nil
 	}
-	return true, env.State.Save(rec)
+	return true, agent.SaveRecord(rec, why), nil
 }
 
 // Status is the live state: the process, its generation's log and serving metrics,

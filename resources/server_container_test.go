@@ -420,7 +420,7 @@ func TestServerInContainerForeignAndAdopted(t *testing.T) {
 	detached(map[string]string{"FAKE_SGLANG": "", "FAKE_SGLANG_DECODE_INTERVAL": "100ms", "WEIRD": "a b'c\"$(touch /pwned) ; *\nline2"}, launched.Argv...)
 	own := owner()
 	t.Cleanup(func() { _ = syscall.Kill(own.PID, syscall.SIGKILL) })
-	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp || !strings.Contains(strings.Join(st.Diff.Warnings, "\n"), "adopted pid") {
+	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.Adopt || !strings.Contains(st.Diff.Changes[0].Note, "adopt pid") {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
 	mustOK(t, h.apply())

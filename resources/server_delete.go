@@ -12,7 +12,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
-	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
 )
@@ -83,16 +82,22 @@ func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error)
 // checkAbsent plans the verified stop of what the record names. Nothing recorded, or a
 // record stopped for good, is a no-op. A recorded process already dead is still a
 // delete: the stop proves that nothing of its group holds the port or GPU memory.
-func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
+func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (d *agent.Diff, err error) {
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
 	if err != nil {
 		return nil, err
 	}
 	if has && rec.Pending != nil {
-		if has, err = s.recoverPending(env, &rec); err != nil {
+		var found *agent.RecordUpdate
+		if has, found, err = s.recoverPending(env, &rec); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if d != nil {
+				d.Record = found
+			}
+		}()
 	}
 	if !has || !rec.StoppedAt.IsZero() {
 		return agent.NoChange(), nil
@@ -108,7 +113,7 @@ func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Diff, 
 	if rec.Adopted {
 		what += " (adopted)"
 	}
-	d := &agent.Diff{Detail: &serverDetail{prev: &rec, stop: true}}
+	d = &agent.Diff{Detail: &serverDetail{prev: &rec, stop: true}}
 	d.Add(agent.Removed("process", agent.Raw(what)).Because(agent.Deletes, s.why))
 	if rec.Port > 0 {
 		d.Add(agent.Removed("port", rec.Port).Because(agent.Deletes, s.why))
@@ -189,19 +194,6 @@ func (s *Server) absentStatus(ctx context.Context, env *agent.Env, has bool, rec
 		field(agent.TextField("log", "log", rec.LogPath))
 	}
 	return st, nil
-}
-
-// recordedElsewhere names another server record (not stopped) that holds the process
-// st: a server never adopts what another record names, so two records never name one PID.
-func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
-	holder := ""
-	eachRecord(env, "server.", func(addr string, rec serverRecord) bool {
-		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
-			holder = addr
-		}
-		return holder == ""
-	})
-	return holder
 }
 
 // leftAlone is an orphan whose record cannot say what to delete (written by an older

@@ -70,16 +70,13 @@ func retiringOf(det *serverDetail) *serverRecord {
 
 var _ agent.Finisher = (*Server)(nil)
 
-// Unfinished names the retiring generation of a migration, if any.
-func (s *Server) Unfinished(env *agent.Env) string {
-	if s.absent || env == nil || env.State == nil {
-		return ""
-	}
-	var rec serverRecord
-	if ok, err := env.State.Load(&rec); err != nil || !ok || rec.Retiring == nil || rec.Retiring.PID <= 0 {
-		return ""
-	}
+// unfinished names the break work a migration left by the record rec: its retiring
+// generation, "" when none.
+func unfinished(rec *serverRecord) string {
 	r := rec.Retiring
+	if r == nil || r.PID <= 0 {
+		return ""
+	}
 	return fmt.Sprintf("retiring generation %d (pid %d) in %s stopped, verified (generation %d serves in %s)", r.Generation, r.PID, r.Place, rec.Generation, rec.Place)
 }
 

@@ -68,41 +68,36 @@ func cutIncusPlace(place string) (string, bool) {
 // recoverPendingRemote is recoverPending for a launch into a container the runner
 // reaches through Incus only: the marked session leader is looked for inside, and
 // recorded in the container's namespace. It reports whether it settled the pending
-// launch (false: the container is local, look on the host).
-func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, error) {
+// launch (false: the container is local, look on the host), with the record update.
+func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
 	p := *rec.Pending
 	name, ok := cutIncusPlace(p.Place)
 	if !ok {
-		return false, nil
+		return false, nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r := s.incusRunner(env, name)
 	remote, err := r.IsRemote(ctx)
 	if incus.IsNotFound(err) || (err == nil && !remote) {
-		return false, nil
+		return false, nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("look for pending generation %d in container %s: %w", p.Generation, name, err)
+		return false, nil, fmt.Errorf("look for pending generation %d in container %s: %w", p.Generation, name, err)
 	}
 	found, ns, err := r.FindMarked(ctx, p.Marker)
 	if err != nil {
-		return false, fmt.Errorf("look for pending generation %d in container %s: %w", p.Generation, name, err)
+		return false, nil, fmt.Errorf("look for pending generation %d in container %s: %w", p.Generation, name, err)
 	}
 	if len(found) == 0 {
-		rec.Pending = nil
-		if rec.PID == 0 {
-			return true, env.State.Delete()
-		}
-		return true, env.State.Save(rec)
+		_, upd, err := voidPending(rec)
+		return true, upd, err
 	}
 	st := found[0]
 	p.PID, p.StartTicks, p.PGID, p.SID, p.PIDNS = st.PID, st.StartTicks, st.PGRP, st.Session, ns
 	if boot, err := r.ProcsIn(ctx, ns).BootTime(ctx); err == nil {
 		p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
 	}
-	env.Log.Warn("adopting the launch of an agent that stopped before recording it",
-		"generation", p.Generation, "pid", p.PID, "container", name)
 	*rec = p
-	return true, env.State.Save(rec)
+	return true, pendingFound(rec, name), nil
 }

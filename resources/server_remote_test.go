@@ -211,11 +211,15 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	if err := h.store.Save("server.qwen", &serverRecord{Generation: 6, Pending: &intent}); err != nil {
 		t.Fatal(err)
 	}
-	if st := plan(); st.Err != nil {
+	st = plan()
+	if st.Err != nil {
 		t.Fatalf("plan with a pending launch: %v", st.Err)
 	}
-	if r := h.record(); r.Pending != nil || r.id() != seventh.id() || r.PIDNS != seventh.PIDNS {
-		t.Fatalf("the pending launch was recovered as %+v, want pid %d in %s", r, seventh.PID, seventh.PIDNS)
+	if r, ok := st.Diff.Record.Value.(*serverRecord); !ok || r.Pending != nil || r.id() != seventh.id() || r.PIDNS != seventh.PIDNS {
+		t.Fatalf("the pending launch was recovered as %+v, want pid %d in %s", st.Diff.Record, seventh.PID, seventh.PIDNS)
+	}
+	if r := h.record(); r.Pending == nil {
+		t.Fatalf("the plan wrote the record: %+v", r)
 	}
 	mustOK(t, apply())
 	if r := h.record(); r.id() != seventh.id() || r.VerifiedAt.IsZero() {
@@ -247,9 +251,10 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	if err := h.store.Delete("server.qwen"); err != nil {
 		t.Fatal(err)
 	}
-	if st := plan(); st.Err != nil || st.Diff.Action != agent.NoOp {
+	if st := plan(); st.Err != nil || st.Diff.Action != agent.Adopt {
 		t.Fatalf("plan with the state lost: %v %+v", st.Err, st.Diff)
 	}
+	mustOK(t, apply())
 	if r := h.record(); !r.Adopted || r.id() != eighth.id() || r.PIDNS != eighth.PIDNS {
 		t.Fatalf("adopted as %+v, want pid %d in %s", r, eighth.PID, eighth.PIDNS)
 	}

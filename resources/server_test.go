@@ -368,15 +368,19 @@ func TestServerForeignPortAndAdoption(t *testing.T) {
 	go own.Wait()
 	t.Cleanup(func() { _ = syscall.Kill(-own.Process.Pid, syscall.SIGKILL) })
 	oid := waitPortOwner(t, h.port)
-	// The plan proves it and records it: no changes, a warning naming the adoption.
+	// The plan proves it and plans its adoption, as an import (writing nothing); apply
+	// records it and restarts nothing.
 	st := h.plan()
-	if st.Err != nil || st.Diff.Action != agent.NoOp || !strings.Contains(strings.Join(st.Diff.Warnings, "\n"), fmt.Sprintf("adopted pid %d", oid.PID)) {
+	if st.Err != nil || st.Diff.Action != agent.Adopt || st.Diff.Changes[0].Attr != "process" || !strings.Contains(st.Diff.Changes[0].Note, fmt.Sprintf("adopt pid %d", oid.PID)) {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
+	if has, _ := h.store.Has("server.qwen"); has {
+		t.Errorf("the plan wrote a record: %+v", h.record())
+	}
+	mustOK(t, h.apply())
 	if r := h.record(); r.id() != oid || !r.Adopted || !alive(oid) {
 		t.Errorf("record = %+v, want the adopted %v", r, oid)
 	}
-	mustOK(t, h.apply())
 	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.NoOp || len(st.Diff.Warnings) != 0 {
 		t.Errorf("plan after adoption: %v %+v", st.Err, st.Diff)
 	}
@@ -469,7 +473,9 @@ func TestServerUnhealthyPastGraceIsRelaunched(t *testing.T) {
 	if err := syscall.Kill(first.PID, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	st := h.plan(vars...)
+	// An apply within the grace acts on nothing, and records when the server was first
+	// found not ready (a plan records nothing).
+	st := h.apply(vars...)
 	if st.Err != nil || st.Diff.Action != agent.NoOp || !strings.Contains(strings.Join(st.Diff.Warnings, "\n"), "not ready") {
 		t.Fatalf("within the grace: %v %+v", st.Err, st.Diff)
 	}
@@ -679,16 +685,19 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Adopted as that generation, but never verified by an agent: the plan says so, and
-	// apply verifies it in place (issue 13, 3).
+	// Adopted as that generation, but never verified by an agent: the plan says so
+	// (writing nothing), and apply records it and verifies it in place (issue 13, 3).
 	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.Update || st.Diff.Changes[0].Attr != "verification" {
 		t.Fatalf("plan after the crash: %v %+v, want the launch adopted and verified", st.Err, st.Diff)
 	}
+	if r := h.record(); r.Pending == nil {
+		t.Errorf("the plan wrote the record: %+v", r)
+	}
+	mustOK(t, h.apply())
 	r := h.record()
 	if r.id() != x.ID || r.Generation != 2 || r.Marker != marker || r.Pending != nil {
 		t.Errorf("record %+v, want generation 2 at pid %d with its marker and no intent", r, x.ID.PID)
 	}
-	mustOK(t, h.apply())
 	if r := h.record(); r.id() != x.ID || !alive(x.ID) || r.VerifiedAt.IsZero() {
 		t.Errorf("apply touched the adopted launch, or did not verify it: %+v", r)
 	}
@@ -704,10 +713,11 @@ func TestServerPendingLaunchIsAdoptedNotDoubled(t *testing.T) {
 	if err := h.store.Save("server.qwen", &held); err != nil {
 		t.Fatal(err)
 	}
-	if st := h.plan(); st.Err != nil || st.Diff.Action == agent.NoOp {
+	st := h.plan()
+	if st.Err != nil || st.Diff.Action == agent.NoOp {
 		t.Fatalf("plan with a void intent: %v %+v, want a launch", st.Err, st.Diff)
 	}
-	if r := h.record(); r.Pending != nil {
-		t.Errorf("the void intent was kept: %+v", r.Pending)
+	if u := st.Diff.Record; u == nil || u.Value.(*serverRecord).Pending != nil {
+		t.Errorf("the void intent was kept: %+v", u)
 	}
 }

@@ -286,7 +286,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		defer leave()
 		rollouts = r
 	}
-	if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if drawsBars(stdout, stderr, os.Getenv) {
 		human.Term = stderr
 	}
 	var progress func(agent.Progress)
@@ -427,4 +427,17 @@ func stopProgress(cmd string, asJSON bool, human *view.View) func(context.Contex
 			human.Progress(addr, "stopping "+p.String())
 		})
 	}
+}
+
+// drawsBars reports whether long work's progress may be drawn as bars, with escape codes
+// that redraw them in place: only when stdout and stderr (where they go) are both
+// terminals, NO_COLOR is unset (no-color.org: no escape codes at all then) and TERM is
+// not "dumb". Otherwise (a file, a pipe, the journal) the view prints a plain progress
+// line every 30 s instead.
+func drawsBars(stdout, stderr io.Writer, getenv func(string) string) bool {
+	tty := func(w io.Writer) bool {
+		f, ok := w.(*os.File)
+		return ok && term.IsTerminal(int(f.Fd()))
+	}
+	return tty(stdout) && tty(stderr) && getenv("NO_COLOR") == "" && getenv("TERM") != "dumb"
 }

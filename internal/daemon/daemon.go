@@ -96,6 +96,9 @@ type Config struct {
 	// StopProgress is how often a stop that waits for a server to exit is logged
 	// (DefaultStopProgress when zero).
 	StopProgress time.Duration
+	// ProgressEvery is how often long work (a download) logs where it stands: bytes,
+	// rate, ETA (view.DefaultProgressEvery when zero).
+	ProgressEvery time.Duration
 	// LoadTimeout bounds one load of the plan (DefaultLoadTimeout when zero): a load
 	// past it is abandoned, and the last good plan keeps running.
 	LoadTimeout time.Duration
@@ -112,7 +115,9 @@ type Daemon struct {
 	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  notifier
 	metrics *metrics
-	queue   *workQueue
+	// progress says when long work's next progress line is due in the log.
+	progress view.ProgressLines
+	queue    *workQueue
 	// work is the workers' context: it ends only after the stop grace.
 	work context.Context
 
@@ -198,6 +203,7 @@ func (rs *resState) stopWatch() {
 func Run(ctx context.Context, cfg Config) error {
 	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
+	d.progress.Every = cfg.ProgressEvery
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -433,6 +439,7 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 		}
 	}
 	sh := newShape(eng)
+	d.warnCoordination(p)
 	d.mu.Lock()
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++

@@ -100,10 +100,12 @@ func (c *counter) get(k string) int {
 func (m *mark) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	m.checks.inc(m.cfg.Path)
 	have, err := os.ReadFile(m.cfg.Path)
+	d := (&agent.Diff{Action: agent.Update}).Add(agent.Set("value", string(have), m.cfg.Value))
 	if err == nil && string(have) == m.cfg.Value {
-		return agent.NoChange(), nil
+		d = agent.NoChange()
 	}
-	return (&agent.Diff{Action: agent.Update}).Add(agent.Set("value", string(have), m.cfg.Value)), nil
+	d.Unfinished = m.unfinished()
+	return d, nil
 }
 
 func (m *mark) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) error {
@@ -141,7 +143,7 @@ func (o markOrphan) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	return env.State.Delete()
 }
 
-func (m *mark) Unfinished(env *agent.Env) string {
+func (m *mark) unfinished() string {
 	if m.cfg.Old == nil {
 		return ""
 	}

@@ -80,11 +80,14 @@ func (d *Daemon) hold(addr string) error {
 }
 
 // engineOptions are the loop engine's options: the configured ones, with the daemon's
-// log and hold.
+// log, hold and progress lines.
 func (d *Daemon) engineOptions() agent.Options {
 	opts := d.cfg.Engine
 	opts.Log = d.log
 	opts.Hold = d.hold
+	if opts.Progress == nil {
+		opts.Progress = d.logProgress
+	}
 	return opts
 }
 
@@ -243,7 +246,7 @@ func (d *Daemon) heldButConverged(eng *agent.Engine, gen int, addr string, rs *r
 	if err != nil || diff == nil || diff.Action != agent.NoOp || d.engGen != gen {
 		return false
 	}
-	st := &agent.Step{Addr: addr, Diff: diff, Duration: time.Since(began)}
+	st := &agent.Step{Addr: addr, Diff: diff, Unfinished: diff.Unfinished, Duration: time.Since(began)}
 	if d.debugOn() {
 		d.log.Debug("reconciled", append(append([]any{"resource", addr}, verdict(st)...),
 			"backoff_next_try_in", time.Until(rs.until).Round(time.Millisecond).String())...)
@@ -399,7 +402,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 			}
 			// What it depends on may have break work that waited for it (a migrated
 			// container's old instance): looked at again now.
-			for _, up := range unfinishedDeps(eng, addr) {
+			for _, up := range d.unfinishedDeps(eng, addr) {
 				d.queue.Add(up)
 			}
 		}
@@ -544,12 +547,14 @@ func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState)
 	}()
 }
 
-// finishWork does addr's break work (agent.Finisher), once addr itself verified
-// converged and every resource of the plan that depends on it last verified converged
-// under this engine: a migrated container's old instance is deleted only after the
-// server in the new one is ready. Left waiting, it is done when a dependent converges.
+// finishWork does addr's break work (agent.Finisher), which its reconcile's last
+// observation reported (st.Unfinished), once addr itself verified converged and every
+// resource of the plan that depends on it last verified converged under this engine: a
+// migrated container's old instance is deleted only after the server in the new one is
+// ready. Left waiting, it is done when a dependent converges. The engine verifies the
+// finish with a fresh Check.
 func (d *Daemon) finishWork(ctx context.Context, eng *agent.Engine, gen int, addr string, st *agent.Step) {
-	what := eng.Unfinished(addr)
+	what := st.Unfinished
 	if what == "" {
 		return
 	}
@@ -565,22 +570,20 @@ func (d *Daemon) finishWork(ctx context.Context, eng *agent.Engine, gen int, add
 		d.log.Info("break work waits for dependents to converge", "resource", addr, "work", what, "waiting_for", waiting)
 		return
 	}
-	if err := eng.Finish(ctx, addr); err != nil {
+	if err := eng.Finish(ctx, st); err != nil {
 		// The new half serves and verified: a failed finish (the old member offline)
 		// must not hold the resource's dependents back from their repairs. Its Check
 		// keeps saying what is left; it is tried again at each reconcile.
 		d.log.Error("break work failed; tried again at its next reconcile", "resource", addr, "work", what, "error", err)
-		return
 	}
-	st.Finished = what
 }
 
-// unfinishedDeps are the resources addr depends on, directly or not, that have break
-// work left.
-func unfinishedDeps(eng *agent.Engine, addr string) []string {
+// unfinishedDeps are the resources addr depends on, directly or not, whose last
+// reconcile reported break work left. d.mu is held.
+func (d *Daemon) unfinishedDeps(eng *agent.Engine, addr string) []string {
 	var out []string
 	for _, up := range eng.Upstream(addr) {
-		if eng.Unfinished(up) != "" {
+		if rs := d.res[up]; rs != nil && rs.step != nil && rs.step.Unfinished != "" {
 			out = append(out, up)
 		}
 	}

@@ -3,6 +3,7 @@ package export_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -114,8 +115,8 @@ func TestExportServerAdoptNoOp(t *testing.T) {
 		t.Errorf("weights: %+v", h.Weights)
 	}
 
-	// The CLI: export, validate, plan: no changes (the running server is adopted, recorded,
-	// not restarted), apply does nothing, plan again: no changes.
+	// The CLI: export, validate, plan: one adoption (as an import: the plan writes
+	// nothing), apply records it and restarts nothing, plan again: no changes.
 	out := agent(t, 0, "export", "--port", fmt.Sprint(port), "--incus-socket", "none", "--hash")
 	for _, want := range []string{`hostname = "` + host + `"`, `"mem-fraction-static"          = 0.85`, `"speculative-num-draft-tokens" = 4`,
 		`"enable-metrics"               = true`, "Left out as secrets (their names match TOKEN|SECRET|KEY|PASSWORD|AUTH): HF_TOKEN.",
@@ -131,11 +132,13 @@ func TestExportServerAdoptNoOp(t *testing.T) {
 	os.WriteFile(plan, []byte(out), 0o644)
 	state := filepath.Join(dir, "state")
 	agent(t, 0, "validate", plan)
-	out = agent(t, 0, "plan", plan, "--state-dir", state)
-	if !strings.Contains(out, "adopted pid") || !strings.Contains(out, "No changes.") {
+	out = agent(t, 2, "plan", plan, "--state-dir", state)
+	if !strings.Contains(out, "adopt pid") || !strings.Contains(out, "Plan: 1 to adopt, 0 to create, 0 to update, 0 to restart, 0 to replace, 0 to delete.") {
 		t.Errorf("first plan:\n%s", out)
 	}
-	agent(t, 0, "apply", plan, "--state-dir", state)
+	if out := agent(t, 0, "apply", plan, "--state-dir", state); !strings.Contains(out, "adopted, no restart") {
+		t.Errorf("apply:\n%s", out)
+	}
 	out = agent(t, 0, "plan", plan, "--state-dir", state)
 	if !strings.Contains(out, "No changes.") {
 		t.Errorf("plan after adoption:\n%s", out)
@@ -167,7 +170,7 @@ func TestExportVerbatimArgv(t *testing.T) {
 	plan := filepath.Join(dir, "host.hcl")
 	os.WriteFile(plan, []byte(out), 0o644)
 	state := filepath.Join(dir, "state")
-	if out := agent(t, 0, "plan", plan, "--state-dir", state); !strings.Contains(out, "adopted pid") {
+	if out := agent(t, 2, "plan", plan, "--state-dir", state); !strings.Contains(out, "adopt pid") {
 		t.Errorf("first plan does not name the adoption:\n%s", out)
 	}
 	agent(t, 0, "apply", plan, "--state-dir", state)
@@ -258,5 +261,20 @@ func TestExportServerInContainer(t *testing.T) {
 	// Servers inside containers are supported: the block is written live, not commented out.
 	if strings.Contains(text, "# server \"sglang_30000\"") || !strings.Contains(text, "server \"sglang_30000\"") {
 		t.Errorf("the server in the container is not exported as a live block:\n%s", text)
+	}
+}
+
+// Issue 29 point 6: the JSON view carries format_version "3", a string as in every other
+// document, and [] where nothing was found, never null.
+func TestJSONViewIsVersionedWithEmptyLists(t *testing.T) {
+	o := &export.Observation{FormatVersion: export.FormatVersion, Servers: []export.Server{{PID: 1}}, Driver: &export.Driver{}}
+	export.EmptyNotNull(o)
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if !strings.Contains(s, `"format_version":"3"`) || strings.Contains(s, "null") {
+		t.Errorf("export --json view: %s", s)
 	}
 }

@@ -102,21 +102,33 @@ func (s *Store) SaveDeps(m map[string][]string) error {
 // Addr is the address the record belongs to.
 func (r *Scoped) Addr() string { return r.addr }
 
-// Peer is the record of another resource of the same store, for checks that span records
-// (a server never adopts a process another record names).
-func (r *Scoped) Peer(addr string) *Scoped { return r.store.For(addr) }
+// View is the read-only face of a whole store that one resource gets to learn what the
+// others recorded: a few named questions across kinds (resources/peers.go: a container's
+// live instance for the servers in it, who else records a process) ask through it, and
+// it has no way to write. Everything else a resource reads is its own record (Scoped).
+type View struct {
+	store *Store
+	self  string
+}
 
-// Peers lists the other addresses with a record.
-func (r *Scoped) Peers() ([]string, error) {
-	all, err := r.store.List()
+// Others is the view of every record but r's own.
+func (r *Scoped) Others() *View { return &View{store: r.store, self: r.addr} }
+
+// List returns the addresses of kind ("server", "container") with a record, sorted, but
+// the viewer's own.
+func (v *View) List(kind string) ([]string, error) {
+	all, err := v.store.List()
 	if err != nil {
 		return nil, err
 	}
-	out := all[:0]
+	var out []string
 	for _, a := range all {
-		if a != r.addr {
+		if a != v.self && strings.HasPrefix(a, kind+".") {
 			out = append(out, a)
 		}
 	}
 	return out, nil
 }
+
+// Load reads the record of addr into x; false when there is none.
+func (v *View) Load(addr string, x any) (bool, error) { return v.store.Load(addr, x) }

@@ -144,21 +144,39 @@ func (s *Store) Delete(addr string) error {
 // Scoped is the part of a Store that belongs to one resource: what a resource gets, so
 // it can read and write only its own record.
 type Scoped struct {
-	store *Store
-	addr  string
+	store    *Store
+	addr     string
+	readOnly bool
 }
 
 // For returns the record of the resource at addr.
 func (s *Store) For(addr string) *Scoped { return &Scoped{store: s, addr: addr} }
 
+// ErrReadOnly is returned by a write through a read-only record: an observation (a
+// kind's Check) returns its record updates as data, and the engine keeps them.
+var ErrReadOnly = errors.New("state: this record is read-only here: an observation returns its record update in its diff (agent.Diff.Record), and the engine keeps it")
+
+// ReadOnly is the same record, refusing every write: what an observation gets.
+func (r *Scoped) ReadOnly() *Scoped { c := *r; c.readOnly = true; return &c }
+
 // Load reads the resource's record into v; false when there is none.
 func (r *Scoped) Load(v any) (bool, error) { return r.store.Load(r.addr, v) }
 
 // Save writes the resource's record.
-func (r *Scoped) Save(v any) error { return r.store.Save(r.addr, v) }
+func (r *Scoped) Save(v any) error {
+	if r.readOnly {
+		return fmt.Errorf("%s: save: %w", r.addr, ErrReadOnly)
+	}
+	return r.store.Save(r.addr, v)
+}
 
 // Delete removes the resource's record.
-func (r *Scoped) Delete() error { return r.store.Delete(r.addr) }
+func (r *Scoped) Delete() error {
+	if r.readOnly {
+		return fmt.Errorf("%s: delete: %w", r.addr, ErrReadOnly)
+	}
+	return r.store.Delete(r.addr)
+}
 
 // Dir is the state directory, for resources that keep caches or logs beside their record
 // (the driver installer and its log).

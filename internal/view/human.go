@@ -22,21 +22,35 @@ import (
 type View struct {
 	W io.Writer
 	// Term, when not nil, is the interactive terminal where long work's progress is
-	// drawn as bars redrawn in place (WorkProgress): stderr when stdout is a terminal.
-	Term   io.Writer
-	Redact *Redactor
+	// drawn as bars redrawn in place (WorkProgress); nil: progress is a line on W every
+	// ProgressEvery (DefaultProgressEvery when zero).
+	Term          io.Writer
+	ProgressEvery time.Duration
+	Redact        *Redactor
 	// mu keeps lines whole: progress (Progress, WorkProgress) comes from the goroutine
 	// of the step that reports it, beside the engine's events.
 	mu sync.Mutex
-	// bars is how many lines of bars each resource has on the terminal now.
-	bars map[string]int
+	// bars is the last progress of each resource at work, in the order they began;
+	// drawn, how many lines their bars take on the terminal now.
+	bars  []agent.Progress
+	drawn int
+	// lines says when progress is due as a line, without a terminal.
+	lines ProgressLines
 }
 
 func (v *View) printf(format string, args ...any) {
 	line := v.Redact.String(fmt.Sprintf(format, args...))
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.drawn == 0 {
+		fmt.Fprint(v.W, line)
+		return
+	}
+	// Bars are on the terminal: the line goes above them, and they below it again.
+	fmt.Fprintf(v.Term, "\x1b[%dA\r\x1b[J", v.drawn)
+	v.drawn = 0
 	fmt.Fprint(v.W, line)
+	v.redraw(nil)
 }
 
 // Progress prints where a long step of addr stands, between its start and done events
@@ -223,6 +237,8 @@ func (v *View) ApplyEvent(ev agent.Event) {
 			} else {
 				v.printf("  ✗ %s: %s\n", st.Addr, errLine(st.Addr, st.Err))
 			}
+		case st.Applied && st.Diff.Action == agent.Adopt:
+			v.printf("  ✓ %s: adopted, no restart; verified (%s)\n", st.Addr, st.Duration.Round(time.Millisecond))
 		case st.Applied:
 			v.printf("  ✓ %s: %s and verified (%s)\n", st.Addr, past(st.Diff.Action), st.Duration.Round(time.Millisecond))
 		}
@@ -274,6 +290,8 @@ func (v *View) summary(rep *agent.Report, verb string) {
 
 func progressive(a agent.Action) string {
 	switch a {
+	case agent.Adopt:
+		return "adopting"
 	case agent.Create:
 		return "creating"
 	case agent.Update:
@@ -290,6 +308,8 @@ func progressive(a agent.Action) string {
 
 func past(a agent.Action) string {
 	switch a {
+	case agent.Adopt:
+		return "adopted"
 	case agent.Create:
 		return "created"
 	case agent.Update:
