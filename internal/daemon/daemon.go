@@ -561,10 +561,10 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 			}
 		}
 		if !rs.done.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("reconciled_at", "reconciled", rs.done).WithText(rs.done.Format(time.RFC3339)))
+			s.Fields = append(s.Fields, agent.TimeField("reconciled_at", "reconciled", rs.done))
 		}
 		if !rs.downSince.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("down_since", "down since", rs.downSince).WithText(rs.downSince.Format(time.RFC3339)))
+			s.Fields = append(s.Fields, agent.TimeField("down_since", "down since", rs.downSince))
 		}
 		if rs.repairs > 0 {
 			s.Fields = append(s.Fields, agent.NumberField("repairs", "repairs", rs.repairs))
@@ -573,7 +573,7 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 			s.Fields = append(s.Fields, agent.DurationField("next_try_seconds", "next try", rs.until.Sub(now)).WithText(fmt.Sprintf("in %s (%d failures in a row)", rs.until.Sub(now).Round(100*time.Millisecond), rs.failures)))
 		}
 		for i, f := range rs.history {
-			s.Fields = append(s.Fields, agent.TextField(fmt.Sprintf("failure[%d]", i+1), fmt.Sprintf("failure %d", i+1), f.err).WithText(f.at.Format(time.RFC3339)+" "+f.err))
+			s.Fields = append(s.Fields, agent.TextField(fmt.Sprintf("failure[%d]", i+1), fmt.Sprintf("failure %d", i+1), f.err).WithText(agent.HumanTime(f.at)+" "+f.err))
 		}
 		st.Status = &s
 	}

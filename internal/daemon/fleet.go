@@ -17,12 +17,12 @@ import (
 // effect at the next start of the agent.
 func (d *Daemon) joinFleet(ctx context.Context) (func(), error) {
 	d.mu.Lock()
-	cfg, rollouts := d.plan.Agent.Coordination, d.rollouts
+	cfg, rollouts, store := d.plan.Agent.Coordination, d.rollouts, d.store
 	d.mu.Unlock()
 	if cfg == nil {
 		return func() {}, nil
 	}
-	c, err := fleet.Open(cfg, d.log, false)
+	c, err := fleet.Open(cfg, d.log, store.Dir())
 	if err != nil {
 		return nil, err
 	}

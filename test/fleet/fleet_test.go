@@ -220,7 +220,9 @@ func TestFleetRandomKills(t *testing.T) {
 				x := h.hosts[rng.Intn(len(h.hosts))]
 				x.kill()
 				n++
-				time.Sleep(time.Duration(100+rng.Intn(900)) * time.Millisecond)
+				pause := time.Duration(100+rng.Intn(900)) * time.Millisecond
+				t.Logf("%s: SIGKILLed %s's agent, starting it again in %s", time.Now().Format(time.StampMilli), x.name, pause)
+				time.Sleep(pause)
 				h.start(x)
 			}
 		}()
