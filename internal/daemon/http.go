@@ -239,8 +239,19 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 			labels, values = append(labels, "member"), append(values, s.member)
 		}
 		desc := prometheus.NewDesc("agent_"+s.kind+"_"+s.key, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", labels, nil)
-		if m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, s.value, values...); err == nil {
+		if m, err := prometheus.NewConstMetric(desc, statusValueType(s.key), s.value, values...); err == nil {
 			ch <- m
 		}
 	}
+}
+
+// statusValueType is how a status number is exported: a key ending in _total is a count
+// the resource keeps in its own record across agent restarts (a server's reverts), so it
+// only grows and is a counter (increase() works on it, as Prometheus' naming promises);
+// every other key is a gauge.
+func statusValueType(key string) prometheus.ValueType {
+	if strings.HasSuffix(key, "_total") {
+		return prometheus.CounterValue
+	}
+	return prometheus.GaugeValue
 }
