@@ -41,10 +41,11 @@ func TestStatusMetricsMemberLabel(t *testing.T) {
 // TestStatusMetricsCounters: a status number whose key ends in _total (a server's
 // reverts, kept in its record) is exported as a counter, every other one as a gauge.
 func TestStatusMetricsCounters(t *testing.T) {
-	c := &statusCollector{samples: []statusSample{
+	c := &statusCollector{}
+	c.set("server.qwen", []statusSample{
 		{kind: "server", key: "reverts_total", name: "qwen", value: 2},
 		{kind: "server", key: "rolled_back", name: "qwen", value: 1},
-	}}
+	})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	mfs, err := reg.Gather()
