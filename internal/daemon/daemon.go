@@ -123,6 +123,8 @@ type Daemon struct {
 
 	// stopping is set on SIGTERM: no new step starts.
 	stopping atomic.Bool
+	// observing: a live observation of the resources in flight runs (inflight.go).
+	observing atomic.Bool
 
 	mu       sync.Mutex
 	plan     *plans.Plan
@@ -175,6 +177,13 @@ type resState struct {
 	phase      string
 	phaseStart time.Time
 	phaseLimit time.Duration
+	// The action in flight (create, restart, …; "" when none), since when, and its
+	// status observed meanwhile (inflight.go).
+	action      string
+	actionStart time.Time
+	live        *agent.Step
+	liveAt      time.Time
+	progress    *agent.Progress // the action's latest progress (a download), if it reports any
 
 	watchID     int
 	watchCancel context.CancelFunc
@@ -540,19 +549,38 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 		st := &agent.Step{Addr: addr}
 		rep.Steps = append(rep.Steps, st)
 		rs := d.res[addr]
-		if rs == nil || rs.step == nil {
+		acting := rs != nil && rs.inFlight && rs.action != ""
+		if rs == nil || (rs.step == nil && !acting) {
 			st.Status = &agent.Status{Summary: "not observed yet"}
 			continue
 		}
-		st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
+		if rs.step != nil {
+			st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
+		}
 		var s agent.Status
 		if rs.status != nil && rs.status.Status != nil {
 			s = *rs.status.Status
 			s.Fields = slices.Clone(s.Fields)
 			s.Metrics = maps.Clone(s.Metrics)
 		}
-		if rs.status != nil && rs.status.Err != nil && st.Err == nil {
-			st.Err = rs.status.Err
+		var w *WaitingError
+		switch {
+		case acting:
+			// What happens now, not the last outcome (inflight.go).
+			st.Diff, st.Err = nil, nil
+			s = *inFlightStatus(rs, now)
+		case errors.As(st.Err, &w) && w.Cause == "":
+			// Waiting for a dependency that is on its way: not converged (exit 3), not an
+			// error of its own (exit 1); a dependency that failed keeps its error.
+			st.Err, s.Summary = nil, w.Error()
+		default:
+			if rs.converged && st.Err == nil && rs.step != nil && rs.step.Applied {
+				// Applied and verified: what stands now is no change, not the step's diff.
+				st.Diff = agent.NoChange()
+			}
+			if rs.status != nil && rs.status.Err != nil && st.Err == nil {
+				st.Err = rs.status.Err
+			}
 		}
 		if st.Err != nil || !rs.converged {
 			s.Healthy = false

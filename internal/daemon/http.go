@@ -24,6 +24,10 @@ import (
 // is down, its repairs, its next try and its recent failures (a crash loop's quote of
 // each generation's log).
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
+	if d.observing.CompareAndSwap(false, true) {
+		// In the background: /status answers at once with the last live observation.
+		go func() { defer d.observing.Store(false); d.observeInFlight(d.work) }()
+	}
 	rep, p := d.report()
 	if rep == nil {
 		http.Error(w, "starting\n", http.StatusServiceUnavailable)
