@@ -442,6 +442,7 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 			return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
 		}
 	}
+	d.warnCoordination(p)
 	d.mu.Lock()
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++

@@ -110,7 +110,7 @@ func (r *Incus) startRemote(ctx context.Context, nsPID int, tag string, log LogF
 	kill := func() {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout())
 		defer cancel()
-		_ = p.send(kctx, proc.Target{}, []proc.Stat{st}, syscall.SIGKILL)
+		_ = p.Signal(kctx, proc.Target{}, []proc.Stat{st}, syscall.SIGKILL)
 	}
 	if err != nil {
 		if st.PID > 0 {
