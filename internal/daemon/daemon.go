@@ -132,6 +132,11 @@ type Daemon struct {
 	store    *state.Store
 	eng      *agent.Engine // the loop's engine: one per accepted plan, its clients reused
 	engGen   int           // counts accepted plans: results of an older engine are stale
+	shape    *shape        // eng's addresses and dependents, computed once per engine
+	// standing is each resource's category for STATUS= and the counts of each, kept as
+	// resources change (publish): a publish costs O(changes), not O(resources).
+	standing map[string]category
+	counts   [nCategories]int
 	res      map[string]*resState
 	running  bool      // the state lock is held and the workers run
 	waiting  string    // why the loop does not run yet (the lock's holder)
@@ -289,7 +294,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	d.mu.Lock()
 	d.running = true
-	for _, a := range d.eng.Addrs() {
+	for _, a := range d.shape.addrs {
 		d.queue.Add(a)
 	}
 	d.mu.Unlock()
@@ -442,10 +447,12 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 			return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
 		}
 	}
+	sh := newShape(eng)
 	d.warnCoordination(p)
 	d.mu.Lock()
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++
+	d.shape = sh
 	d.reloaded = time.Now()
 	d.redact.SetRedactor(view.NewRedactor(p.Secrets()))
 	for addr, rs := range d.res {
@@ -459,8 +466,9 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 	}
 	d.mu.Unlock()
 	d.metrics.planValid.Set(1)
+	d.republish() // another engine: every resource's standing and series anew
 	if running {
-		for _, a := range eng.Addrs() {
+		for _, a := range sh.addrs {
 			d.queue.Add(a)
 		}
 	}
@@ -546,65 +554,8 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 	}
 	rep := &agent.Report{}
 	now := time.Now()
-	for _, addr := range d.eng.Addrs() {
-		st := &agent.Step{Addr: addr}
-		rep.Steps = append(rep.Steps, st)
-		rs := d.res[addr]
-		acting := rs != nil && rs.inFlight && rs.action != ""
-		if rs == nil || (rs.step == nil && !acting) {
-			st.Status = &agent.Status{Summary: "not observed yet"}
-			continue
-		}
-		if rs.step != nil {
-			st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
-		}
-		var s agent.Status
-		if rs.status != nil && rs.status.Status != nil {
-			s = *rs.status.Status
-			s.Fields = slices.Clone(s.Fields)
-			s.Metrics = maps.Clone(s.Metrics)
-		}
-		var w *WaitingError
-		switch {
-		case acting:
-			// What happens now, not the last outcome (inflight.go).
-			st.Diff, st.Err = nil, nil
-			s = *inFlightStatus(rs, now)
-		case errors.As(st.Err, &w) && w.Cause == "":
-			// Waiting for a dependency that is on its way: not converged (exit 3), not an
-			// error of its own (exit 1); a dependency that failed keeps its error.
-			st.Err, s.Summary = nil, w.Error()
-		default:
-			if rs.converged && st.Err == nil && rs.step != nil && rs.step.Applied {
-				// Applied and verified: what stands now is no change, not the step's diff.
-				st.Diff = agent.NoChange()
-			}
-			if rs.status != nil && rs.status.Err != nil && st.Err == nil {
-				st.Err = rs.status.Err
-			}
-		}
-		if st.Err != nil || !rs.converged {
-			s.Healthy = false
-			if s.Summary == "" {
-				s.Summary = "not converged"
-			}
-		}
-		if !rs.done.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("reconciled_at", "reconciled", rs.done))
-		}
-		if !rs.downSince.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("down_since", "down since", rs.downSince))
-		}
-		if rs.repairs > 0 {
-			s.Fields = append(s.Fields, agent.NumberField("repairs", "repairs", rs.repairs))
-		}
-		if rs.until.After(now) {
-			s.Fields = append(s.Fields, agent.DurationField("next_try_seconds", "next try", rs.until.Sub(now)).WithText(fmt.Sprintf("in %s (%d failures in a row)", rs.until.Sub(now).Round(100*time.Millisecond), rs.failures)))
-		}
-		for i, f := range rs.history {
-			s.Fields = append(s.Fields, agent.TextField(fmt.Sprintf("failure[%d]", i+1), fmt.Sprintf("failure %d", i+1), f.err).WithText(agent.HumanTime(f.at)+" "+f.err))
-		}
-		st.Status = &s
+	for _, addr := range d.shape.addrs {
+		rep.Steps = append(rep.Steps, d.stepFor(addr, now))
 	}
 	return rep, d.plan
 }

@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -12,13 +14,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/view"
-	"github.com/agent-dev/agent/plans"
 )
 
 // handleStatus answers the same document as `agent status --json`, from the loop's latest
-// observations (nothing is observed for the request, no engine is built), plus the state
+// observations (nothing is observed while the request waits, no engine is built; a
+// resource whose step is in flight is observed after it, inflight.go), plus the state
 // directory so `agent status` can tell whether this daemon manages its plan. Each
 // resource's fields add what the loop knows: when it was last reconciled, since when it
 // is down, its repairs, its next try and its recent failures (a crash loop's quote of
@@ -181,41 +182,34 @@ func (c *loopCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// setStatus keeps the latest per-resource status metrics for scraping.
-func (m *metrics) setStatus(rep *agent.Report, p *plans.Plan) {
-	var samples []statusSample
-	for _, st := range rep.Steps {
-		r := p.Resource(st.Addr)
-		if r == nil {
-			continue
-		}
-		healthy := 0.0
-		if st.Err == nil && st.Status != nil && st.Status.Healthy {
-			healthy = 1
-		}
-		member := st.Status.Member()
-		samples = append(samples, statusSample{kind: "resource", key: "healthy", name: st.Addr, member: member, value: healthy})
-		if st.Status == nil {
-			continue
-		}
-		for k, v := range st.Status.Metrics {
-			if metricKey.MatchString(k) {
-				samples = append(samples, statusSample{kind: r.Type, key: k, name: r.Name, member: member, value: v})
-			}
-		}
-	}
-	m.status.mu.Lock()
-	m.status.samples = samples
-	m.status.mu.Unlock()
-}
-
 // statusCollector exports each resource's Status.Metrics as agent_<kind>_<key>{name}, and
 // {name, member} in a family where some resource names its cluster member
 // (agent.MemberField): one family keeps one set of labels, so a resource without a member
 // gets member="" there, which Prometheus reads as no label.
 type statusCollector struct {
 	mu      sync.Mutex
-	samples []statusSample
+	samples map[string][]statusSample // by resource address, each set as it changes
+}
+
+// set replaces addr's series.
+func (c *statusCollector) set(addr string, s []statusSample) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.samples == nil {
+		c.samples = map[string][]statusSample{}
+	}
+	c.samples[addr] = s
+}
+
+// keep drops the series of every resource not in addrs (gone from the plan).
+func (c *statusCollector) keep(addrs []string) {
+	in := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		in[a] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	maps.DeleteFunc(c.samples, func(a string, _ []statusSample) bool { return !in[a] })
 }
 
 type statusSample struct {
@@ -232,12 +226,14 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	withMember := map[string]bool{}
-	for _, s := range c.samples {
-		if s.member != "" {
-			withMember[s.kind+"_"+s.key] = true
+	for _, ss := range c.samples {
+		for _, s := range ss {
+			if s.member != "" {
+				withMember[s.kind+"_"+s.key] = true
+			}
 		}
 	}
-	for _, s := range c.samples {
+	for _, s := range slices.Concat(slices.Collect(maps.Values(c.samples))...) {
 		labels, values := []string{"name"}, []string{s.name}
 		if withMember[s.kind+"_"+s.key] {
 			labels, values = append(labels, "member"), append(values, s.member)

@@ -11,11 +11,10 @@ import (
 // carries member="…" on every series (empty for a resource without one, so the family
 // keeps one label set, which a pedantic registry checks); other families keep {name}.
 func TestStatusMetricsMemberLabel(t *testing.T) {
-	c := &statusCollector{samples: []statusSample{
-		{kind: "server", key: "up", name: "qwen_m2", member: "m2", value: 1},
-		{kind: "server", key: "up", name: "local", value: 1},
-		{kind: "file", key: "size", name: "f", value: 3},
-	}}
+	c := &statusCollector{}
+	c.set("server.qwen_m2", []statusSample{{kind: "server", key: "up", name: "qwen_m2", member: "m2", value: 1}})
+	c.set("server.local", []statusSample{{kind: "server", key: "up", name: "local", value: 1}})
+	c.set("file.f", []statusSample{{kind: "file", key: "size", name: "f", value: 3}})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	mfs, err := reg.Gather()
