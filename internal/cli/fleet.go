@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -57,7 +58,11 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr
 	defer cancel()
 	st, err := fleet.Read(ctx, c)
 	if err != nil {
-		return fail(fmt.Sprintf("--fleet: reading etcd %s: %v", strings.Join(p.Agent.Coordination.Etcd, ","), err))
+		hint := ""
+		if errors.Is(err, context.DeadlineExceeded) {
+			hint = " (no member answered within 10 s: check the endpoints, ca_file, cert_file and key_file, and that etcd runs: etcdctl endpoint health)"
+		}
+		return fail(fmt.Sprintf("--fleet: reading etcd %s: %v%s", strings.Join(p.Agent.Coordination.Etcd, ","), err, hint))
 	}
 	if asJSON {
 		view.WriteJSON(stdout, fleet.NewDocument(st))

@@ -114,9 +114,9 @@ file "motd" {
 // shipped schema (docs/schema/output-v3.json) and equal, normalized, to its golden file
 // in testdata/json (go test ./internal/cli -run TestJSONOutput -update rewrites them):
 // validate (valid and not), plan, apply, status (observed here, and answered by a
-// running `agent run`, whose /status is checked too), destroy, and the error documents of
-// an invalid plan, a lock held by another agent, a lock held by `agent run`, and a plan
-// guarded for another host. The planted secret appears in none of them.
+// running `agent run`, whose /status is checked too), destroy, a saved plan's show, and
+// the error documents of an invalid plan, a lock held by another agent, a lock held by
+// `agent run`, a plan guarded for another host and a saved plan the host no longer matches. The planted secret appears in none of them.
 func TestJSONOutput(t *testing.T) {
 	t.Parallel()
 	bin := testbin.Agent(t)
@@ -175,7 +175,12 @@ func TestJSONOutput(t *testing.T) {
 	check("plan_create", 2, "plan", "plan.hcl", sd)
 	check("apply_create", 0, "apply", "plan.hcl", sd)
 	check("status", 0, "status", "plan.hcl", sd)
-	check("plan_restart", 2, "plan", "plan.hcl", sd, "-var", "token=hf_other_secret")
+	// Saved too (agent plan -out): show --json prints the same document, from the file.
+	check("plan_restart", 2, "plan", "plan.hcl", sd, "-var", "token=hf_other_secret", "-out", "restart.plan")
+	check("plan_restart", 0, "show", "restart.plan")
+	if b, err := os.ReadFile(filepath.Join(dir, "restart.plan")); err != nil || bytes.Contains(b, []byte("hf_other_secret")) || bytes.Contains(b, []byte("hf_planted_secret")) {
+		t.Errorf("the saved plan (%v) holds a secret:\n%s", err, b)
+	}
 	check("apply_failed", 1, "apply", "fail.hcl", "--state-dir="+filepath.Join(dir, "state-fail"))
 
 	// Another agent holds the lock.
@@ -229,6 +234,8 @@ func TestJSONOutput(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	check("status_degraded", 3, "status", "plan.hcl", sd)
+	// The saved plan is refused: the server it saw is gone (and agent run acted since).
+	check("apply_saved_stale", 1, "apply", "restart.plan", "-var", "token=hf_other_secret")
 
 	check("destroy", 0, "destroy", "plan.hcl", sd)
 }
