@@ -58,6 +58,9 @@ type Options struct {
 	// Probe is passed to resources as Env.Probe: status runs its costly probes
 	// (`agent status --smoke`).
 	Probe bool
+	// Loop is passed to resources as Env.Loop: the reconcile loop (`agent run`) runs
+	// this engine, not a person's plan or apply.
+	Loop bool
 	// Hold, when set, is asked before each resource is observed and again right before it
 	// is acted on; a non-nil error fails the step with that error without touching the
 	// resource (and skips its dependents). The reconcile loop uses it for per-resource
@@ -225,7 +228,7 @@ func (e *Engine) Order() []string {
 
 // env is what addr's Apply, Finish, Status and Watch get: its own record, writable.
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, OnProgress: e.opts.Progress}
+	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, Loop: e.opts.Loop, OnProgress: e.opts.Progress}
 }
 
 // observeEnv is what addr's Check gets: its own record, read-only. What the observation
