@@ -47,10 +47,16 @@ func BoolField(key, name string, b bool) Field {
 }
 
 // TimeField is a moment (key ending _at or _since): an RFC 3339 UTC string for machines,
-// the wall clock in t's location for people ("2026-12-02 15:08:22").
+// HumanTime for people ("2026-12-02 15:08:22").
 func TimeField(key, name string, t time.Time) Field {
-	return Field{Key: key, Name: name, Value: t.UTC().Format(time.RFC3339), Text: t.Format(time.DateTime)}
+	return Field{Key: key, Name: name, Value: t.UTC().Format(time.RFC3339), Text: HumanTime(t)}
 }
+
+// HumanTime is the one form in which the agent writes a moment for people: the local
+// wall clock, to the second ("2026-12-02 15:08:22"), whatever location t carries (a
+// record read back is UTC, a fresh clock reading local). Machines get RFC 3339 UTC
+// (TimeField's value, --json); nothing written for people mixes the two.
+func HumanTime(t time.Time) string { return t.Local().Format(time.DateTime) }
 
 // AgeField is a TimeField whose text also says how long before now it was:
 // "2026-12-02 15:08:22 (5m8s ago)".

@@ -13,6 +13,12 @@ func TestFieldConstructors(t *testing.T) {
 	berlin := time.FixedZone("CET", 3600)
 	started := time.Date(2026, 12, 2, 15, 8, 22, 0, berlin)
 	now := started.Add(5*time.Minute + 8*time.Second)
+	// People read the local wall clock, whatever location the time carries (issue 29,
+	// point 6): a record read back in UTC and a fresh local reading print alike.
+	wall := time.Date(2026, 12, 2, 14, 8, 22, 0, time.UTC).Local().Format(time.DateTime)
+	if HumanTime(started) != wall || HumanTime(started.UTC()) != wall {
+		t.Errorf("HumanTime: %q and %q, want %q for both", HumanTime(started), HumanTime(started.UTC()), wall)
+	}
 	for _, c := range []struct {
 		f          Field
 		json, text string
@@ -21,9 +27,9 @@ func TestFieldConstructors(t *testing.T) {
 		{NumberField("pid", "pid", 4242), `4242`, "4242"},
 		{NumberField("accept_rate", "accept rate", 0.97), `0.97`, "0.97"},
 		{BoolField("ready", "readiness", true).WithText("ready"), `true`, "ready"},
-		{TimeField("newest_batch_line_at", "newest batch line", started), `"2026-12-02T14:08:22Z"`, "2026-12-02 15:08:22"},
-		{AgeField("started_at", "started", started, now), `"2026-12-02T14:08:22Z"`, "2026-12-02 15:08:22 (5m8s ago)"},
-		{AgeField("stopped_at", "stopped", started, started.Add(26*time.Hour+31*time.Second)), `"2026-12-02T14:08:22Z"`, "2026-12-02 15:08:22 (26h1m0s ago)"},
+		{TimeField("newest_batch_line_at", "newest batch line", started), `"2026-12-02T14:08:22Z"`, wall},
+		{AgeField("started_at", "started", started, now), `"2026-12-02T14:08:22Z"`, wall + " (5m8s ago)"},
+		{AgeField("stopped_at", "stopped", started, started.Add(26*time.Hour+31*time.Second)), `"2026-12-02T14:08:22Z"`, wall + " (26h1m0s ago)"},
 		{DurationField("next_try_seconds", "next try", 1500*time.Millisecond), `1.5`, "1.5s"},
 		{BytesField("done_bytes", "bytes", 52<<30), `55834574848`, "52.0 GiB"},
 	} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -492,6 +493,7 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 	if g == nil || e.destroying {
 		return d, false, nil
 	}
+	lastWhy := ""
 	for {
 		if _, down := d.Unavailable(); d.Action == NoOp || !d.Action.Destructive() && !down {
 			return d, false, nil // an in-place change interrupts nothing
@@ -519,7 +521,15 @@ func (e *Engine) gate(ctx context.Context, run *applyRun, addr string, d *Diff) 
 		if run.hopeless(refusal) {
 			return d, false, refusal
 		}
-		e.log.Info("rollout: waiting for the group", "resource", addr, "group", g.Name, "why", refusal.Error())
+		if why := refusal.Error(); why != lastWhy {
+			// Waiting on other hosts can be long: an apply's operator sees it (warn).
+			level := slog.LevelInfo
+			if refusal.remote() {
+				level = slog.LevelWarn
+			}
+			e.log.Log(ctx, level, "rollout: waiting for the group", "resource", addr, "group", g.Name, "why", why)
+			lastWhy = why
+		}
 		<-run.slots
 		select {
 		case <-changed:

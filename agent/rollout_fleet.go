@@ -156,6 +156,16 @@ func (r *Rollouts) takeFleet(ctx context.Context, g string, max int, addr string
 	return &RolloutError{Group: g, Max: max, blockers: blockers}
 }
 
+// remote reports whether the refusal waits on something beyond this host.
+func (e *RolloutError) remote() bool {
+	for _, b := range e.blockers {
+		if b.remote {
+			return true
+		}
+	}
+	return e.Host != ""
+}
+
 // InFlightMember is a member this host disrupted and has not verified yet.
 type InFlightMember struct {
 	Group, Action string

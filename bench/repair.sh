@@ -55,18 +55,8 @@ download "blob" {
   connections = 1 # one paced stream, so the download stays in flight throughout
 }
 HCL
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/lib.sh
 port=$(freeport) lport=$(freeport)
-ms() { echo $(($(date +%s%N) / 1000000)); }
-# get PORT PATH: an HTTP GET with bash alone.
-get() {
-	exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-	printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
-	cat <&3
-	exec 3<&-
-}
-metric() { get "$lport" /metrics 2>/dev/null | awk -v s="$1" '$1 == s {print $2; found=1} END {if (!found) print 0}'; }
-record() { sed -n "s/.*\"$1\": *\"\{0,1\}\([^\",]*\).*/\1/p" "$work/state/resources/server.qwen.json" | head -n1; }
 
 walls=() owns=() readies=()
 for run in $(seq "$runs"); do

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -32,16 +33,30 @@ type Plan struct {
 	Moved []Moved
 
 	secrets []string
+	index   atomic.Pointer[resourceIndex]
 }
 
-// Resource returns the resource at addr, or nil.
+// Resource returns the resource at addr, or nil. It is a map lookup: the loop asks for
+// every resource it publishes, and a scan per call made publishing quadratic in the
+// plan's size (issue 27: 2,000 servers pinned 1.8 cores).
 func (p *Plan) Resource(addr string) *Resource {
-	for _, r := range p.Resources {
-		if r.Addr == addr {
-			return r
+	idx := p.index.Load()
+	if idx == nil || idx.n != len(p.Resources) { // built once; again if Resources grew
+		idx = &resourceIndex{n: len(p.Resources), m: make(map[string]*Resource, len(p.Resources))}
+		for _, r := range p.Resources {
+			if _, dup := idx.m[r.Addr]; !dup { // the first one, as the scan found
+				idx.m[r.Addr] = r
+			}
 		}
+		p.index.Store(idx)
 	}
-	return nil
+	return idx.m[addr]
+}
+
+// resourceIndex is Resources by address, for the len(Resources) it was built from.
+type resourceIndex struct {
+	n int
+	m map[string]*Resource
 }
 
 // Secrets returns the string values of sensitive variables, for redacting output. Output

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/incus"
@@ -48,7 +47,7 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		}
 		st.Fields = append(st.Fields, agent.NumberField("init_pid", "init_pid", state.Pid))
 		if !state.StartedAt.IsZero() && state.StartedAt.Year() > 1970 {
-			st.Fields = append(st.Fields, agent.TimeField("started_at", "started", state.StartedAt).WithText(state.StartedAt.UTC().Format(time.RFC3339)))
+			st.Fields = append(st.Fields, agent.TimeField("started_at", "started", state.StartedAt))
 		}
 		for _, ifname := range containerKeys(state.Network) {
 			if ifname == "lo" {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -340,7 +341,7 @@ func (d *Download) resolveTarget(ctx context.Context, env *agent.Env) (*target, 
 		if err != nil {
 			if cached != nil && ctx.Err() == nil {
 				warnings = append(warnings, fmt.Sprintf("could not reach the Hub (%v); using commit %s of %q listed %s",
-					err, cached.Commit, h.revision, cached.ListedAt.Format(time.RFC3339)))
+					err, cached.Commit, h.revision, agent.HumanTime(cached.ListedAt)))
 				listing = cached
 				break
 			}
@@ -467,11 +468,11 @@ func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, erro
 		case fs.State == fetch.StateVerify:
 			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("re-verify " + size), Note: "hashed, re-downloaded if wrong", Reason: agent.ReasonUnverified})
 		case fs.Size >= 0:
-			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: agent.Raw("download " + size), Reason: agent.ReasonDiffers})
+			diff.Add(agent.Change{Attr: attr, HasOld: true, HasNew: true, Old: agent.Raw(fs.Reason), New: toDownload(f.Size, 0), Reason: agent.ReasonDiffers})
 		case fs.Partial > 0:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw(fmt.Sprintf("download %s (resume, %s on disk)", size, bytesize.Format(fs.Partial))), Reason: agent.ReasonMissing})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: toDownload(f.Size, fs.Partial), Reason: agent.ReasonMissing})
 		default:
-			diff.Add(agent.Change{Attr: attr, HasNew: true, New: agent.Raw("download " + size), Reason: agent.ReasonMissing})
+			diff.Add(agent.Change{Attr: attr, HasNew: true, New: toDownload(f.Size, 0), Reason: agent.ReasonMissing})
 		}
 		missing++
 	}
@@ -647,4 +648,26 @@ func etaString(sec float64) string {
 		return "?"
 	}
 	return (time.Duration(sec) * time.Second).Round(time.Second).String()
+}
+
+// downloadSize is a file change's new value: what will be downloaded. --json writes the
+// file's size in bytes (docs/json-output.md: sizes are bytes; -1 when the source does not
+// say); people read "download 16.0 MiB (resume, 4.0 MiB on disk)".
+type downloadSize struct{ size, partial int64 }
+
+func toDownload(size, partial int64) downloadSize { return downloadSize{size, partial} }
+
+func (d downloadSize) String() string {
+	s := "download size unknown"
+	if d.size >= 0 {
+		s = "download " + bytesize.Format(d.size)
+	}
+	if d.partial > 0 {
+		s += fmt.Sprintf(" (resume, %s on disk)", bytesize.Format(d.partial))
+	}
+	return s
+}
+
+func (d downloadSize) MarshalJSON() ([]byte, error) {
+	return []byte(strconv.FormatInt(d.size, 10)), nil
 }

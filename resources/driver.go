@@ -344,11 +344,11 @@ func (d *Driver) rebootVerdict(c rebootCause, o *driverObs, rec driverRecord) (w
 	r := rec.RebootRequested
 	if r != nil && r.BootID == o.BootID {
 		// At most one reboot per boot, whatever its cause.
-		return fmt.Sprintf("reboot required: %s; the agent asked for a reboot at %s and the host has not gone down yet", c.reason, r.At.UTC().Format(time.RFC3339)), false
+		return fmt.Sprintf("reboot required: %s; the agent asked for a reboot at %s and the host has not gone down yet", c.reason, agent.HumanTime(r.At)), false
 	}
 	if r != nil && r.Cause == c.key {
 		return fmt.Sprintf("reboot required: %s, although the agent rebooted the host at %s for it: the reboot did not help (see the kernel log and %s), so the agent will not reboot again for it",
-			c.reason, r.At.UTC().Format(time.RFC3339), d.installLogHint(rec)), false
+			c.reason, agent.HumanTime(r.At), d.installLogHint(rec)), false
 	}
 	return "", true
 }
@@ -459,7 +459,7 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	}
 	if rec.LastInstall != nil {
 		add(agent.TimeField("last_install_at", "last install", rec.LastInstall.At).WithText(fmt.Sprintf("%s via %s at %s, log %s", rec.LastInstall.Version, rec.LastInstall.Method,
-			rec.LastInstall.At.UTC().Format(time.RFC3339), rec.LastInstall.Log)))
+			agent.HumanTime(rec.LastInstall.At), rec.LastInstall.Log)))
 	}
 
 	diff, err := d.decide(ctx, env, o, rec)
@@ -473,7 +473,7 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if n := rec.RebootRequired; n != nil {
 		for _, c := range d.rebootCauses(o) {
 			if c.key == n.Cause {
-				add(agent.TimeField("reboot_required_since", "reboot required since", n.At).WithText(n.At.UTC().Format(time.RFC3339)))
+				add(agent.TimeField("reboot_required_since", "reboot required since", n.At))
 			}
 		}
 	}

@@ -291,7 +291,7 @@ func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.L
 			rec.PID, why, rec.UnreadySince.Format(time.TimeOnly), limit.Format(time.TimeOnly), s.grace))
 		return d, nil
 	}
-	c := agent.Set("readiness", agent.Raw(fmt.Sprintf("not ready since %s: %s", rec.UnreadySince.Format(time.RFC3339), why)), agent.Raw("a new generation"))
+	c := agent.Set("readiness", agent.Raw(fmt.Sprintf("not ready since %s: %s", agent.HumanTime(rec.UnreadySince), why)), agent.Raw("a new generation"))
 	c.Note = "restart: unhealthy for longer than unhealthy_grace " + s.grace.String()
 	return &agent.Diff{Changes: []agent.Change{c.Because(agent.Restarts, agent.ReasonUnhealthy)}, Detail: &serverDetail{prev: rec, stop: true}, Record: found}, nil
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
@@ -66,6 +68,19 @@ func documents(t *testing.T) map[string][]byte {
 		Range: &plans.JSONRange{Filename: "plan.hcl", Start: plans.JSONPos{Line: 3, Column: 3}, End: plans.JSONPos{Line: 3, Column: 8}}}})
 	docs["apply, lock held"] = view.ErrorJSON("apply", "locked by PID 77 since 2026-12-02T15:08:22Z")
 	out := map[string][]byte{}
+	since := now.Add(-40 * time.Second)
+	fl := fleet.NewDocument(&fleet.Status{Prefix: "/agent/prod", Hosts: []fleet.HostStatus{
+		{Host: "kpro5", Reachable: true, Updated: now, Summary: &fleet.Summary{Host: "kpro5", Version: "1.0", Healthy: false,
+			Resources: []fleet.ResourceSummary{{Address: "server.qwen", Summary: "not converged", Error: "rollout qwen: waiting"}},
+			Rollouts:  []fleet.InFlight{{Group: "qwen", Member: "server.qwen", Action: "restart", Since: since, Failed: ""}}}},
+		{Host: "kpro6", Reachable: false, Updated: since, Summary: nil},
+	}, Rollouts: []coord.Group{{Name: "qwen", Permits: []coord.Permit{{Group: "qwen", Host: "kpro5", Member: "server.qwen", State: coord.Disrupting, Action: "restart", Since: since, Revision: 812}},
+		Stop: &coord.Stop{Group: "qwen", Host: "kpro7", Member: "server.qwen", Reason: "exited: CUDA out of memory", Since: since}}}})
+	var fb bytes.Buffer
+	if err := view.WriteJSON(&fb, fl); err != nil {
+		t.Fatal(err)
+	}
+	out["status --fleet"] = fb.Bytes()
 	for name, d := range docs {
 		var b bytes.Buffer
 		if err := view.WriteJSON(&b, d); err != nil {
@@ -153,6 +168,21 @@ func TestSchemaRefusesWrongDocuments(t *testing.T) {
 		{"diagnostic without range lines", "plan, invalid", func(d map[string]any) {
 			delete(d["diagnostics"].([]any)[0].(map[string]any)["range"].(map[string]any), "start")
 		}},
+		{"fleet outside status", "status --fleet", func(d map[string]any) {
+			d["command"] = "plan"
+			d["summary"] = map[string]any{}
+			d["rollouts"] = []any{}
+		}},
+		{"fleet with resources", "status --fleet", func(d map[string]any) { d["resources"] = docsResources(docs) }},
+		{"fleet host without reachable", "status --fleet", func(d map[string]any) {
+			delete(d["fleet"].(map[string]any)["hosts"].([]any)[0].(map[string]any), "reachable")
+		}},
+		{"fleet permit of an unknown state", "status --fleet", func(d map[string]any) {
+			d["fleet"].(map[string]any)["rollouts"].([]any)[0].(map[string]any)["permits"].([]any)[0].(map[string]any)["state"] = "held"
+		}},
+		{"fleet group without stopped", "status --fleet", func(d map[string]any) {
+			delete(d["fleet"].(map[string]any)["rollouts"].([]any)[0].(map[string]any), "stopped")
+		}},
 		{"unknown severity", "plan, invalid", func(d map[string]any) { d["diagnostics"].([]any)[0].(map[string]any)["severity"] = "fatal" }},
 	} {
 		var d map[string]any
@@ -168,6 +198,13 @@ func TestSchemaRefusesWrongDocuments(t *testing.T) {
 			t.Errorf("%s (%s): the schema accepted\n%s", m.name, m.doc, b)
 		}
 	}
+}
+
+// docsResources are the resources of the status document.
+func docsResources(docs map[string][]byte) []any {
+	var d map[string]any
+	json.Unmarshal(docs["status"], &d)
+	return d["resources"].([]any)
 }
 
 // Every document of the table is the whole contract: the enums of the schema are the

@@ -54,6 +54,13 @@ func TestQuickstart(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+	// Saved output (not a terminal) holds no escape code: no bold, no progress bars.
+	if i := strings.Index(string(out), "\x1b["); i >= 0 {
+		t.Errorf("the saved output holds an escape code at byte %d: %q", i, out[max(0, i-40):min(len(out), i+20)])
+	}
+	if !strings.Contains(string(out), "\n$ agent apply examples/quickstart\n") {
+		t.Errorf("the commands are not shown plainly:\n%s", out)
+	}
 	// Generation 1's log is kept and never reused; the current link points at generation 2.
 	link, err := os.Readlink(filepath.Join(root, "logs", "qwen.log"))
 	if err != nil || filepath.Base(link) != "qwen.2.log" {

@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh: the quickstart. Builds the agent and the fake SGLang, serves a small model
 # directory on a loopback port, then shows the main job: plan → apply (the download with
-# its progress bar, then the server launched from it) → a no-op plan (the weights
+# its progress bars on a terminal, then the server launched from it) → a no-op plan (the weights
 # confirmed from the download's manifest, not read again) → a changed flag → a verified
 # relaunch → status, and ends with agent destroy (unless KEEP=1): a verified stop, never a
 # kill by hand. Needs Go, nothing else: no GPU, Incus or network.
@@ -22,7 +22,13 @@ fake="$(pwd)/bin/fake-sglang"
 quickstart_model "$root" 1048576
 trap 'kill "$model_pid" 2>/dev/null || true' EXIT
 agent() { bin/agent "$@" --state-dir "$state" -var root="$root" -var fake_sglang="$fake" -var model_url="$model_url" -var port="${QUICKSTART_PORT:-30123}"; }
-step() { printf '\n\033[1m$ agent %s\033[0m\n' "$*"; }
+# Each command in bold on a terminal; saved to a file, piped, or with NO_COLOR set, no
+# escape codes at all.
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ] && [ "${TERM:-dumb}" != dumb ]; then
+	step() { printf '\n\033[1m$ agent %s\033[0m\n' "$*"; }
+else
+	step() { printf '\n$ agent %s\n' "$*"; }
+fi
 
 step plan examples/quickstart
 agent plan examples/quickstart || [ $? -eq 2 ]

@@ -227,7 +227,7 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 	if !start.Match(b) {
 		t.Errorf("the log does not start with the start line:\n%s", b)
 	}
-	relaunch := fmt.Sprintf(`msg=applying resource=server.qwen action=restart changes="process: pid %d (generation 1) is gone → a new generation (restart: gone; relaunch)"`, first.PID)
+	relaunch := fmt.Sprintf(`msg=applying resource=server.qwen action=restart changes.process.old="pid %d (generation 1) is gone" changes.process.new="a new generation" changes.process.effect=restart changes.process.reason=gone changes.process.note=relaunch`, first.PID)
 	if !strings.Contains(string(b), relaunch) {
 		t.Errorf("the log does not say why the server was relaunched (want %s):\n%s", relaunch, b)
 	}

@@ -7,8 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
+	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/daemon"
 	"github.com/agent-dev/agent/internal/state"
 )
@@ -49,7 +49,7 @@ func daemonRefusal(cmd, plan string, o options, err error) error {
 	if !errors.As(err, &le) || !strings.HasPrefix(le.Holder.Command, daemon.DaemonCommand+" ") {
 		return nil
 	}
-	who := fmt.Sprintf("%q (PID %d, since %s)", le.Holder.Command, le.Holder.PID, le.Holder.Since.Local().Format(time.RFC3339))
+	who := fmt.Sprintf("%q (PID %d, since %s)", le.Holder.Command, le.Holder.PID, agent.HumanTime(le.Holder.Since))
 	what := "it would undo a manual change at its next reconcile"
 	if cmd == "plan" {
 		what = "it observes and repairs continuously"

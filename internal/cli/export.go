@@ -78,6 +78,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return ExitError
 	}
 	if *asJSON {
+		export.EmptyNotNull(h)
 		out := struct {
 			*export.Observation
 			Plan string `json:"plan"`

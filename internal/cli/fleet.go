@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,7 +24,7 @@ func fleetRollouts(p *plans.Plan, store *state.Store, log *slog.Logger) (*agent.
 	if p.Agent.Coordination == nil || len(p.RolloutGroups()) == 0 {
 		return nil, func() {}, nil
 	}
-	c, err := fleet.Open(p.Agent.Coordination, log, false)
+	c, err := fleet.Open(p.Agent.Coordination, log, store.Dir())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -33,20 +34,13 @@ func fleetRollouts(p *plans.Plan, store *state.Store, log *slog.Logger) (*agent.
 	return r, func() { fleet.Leave(c, permits) }, nil
 }
 
-// fleetDocument is `agent status --fleet --json`: a status document whose resources are
-// per host, under fleet.
-type fleetDocument struct {
-	*view.JSONOutput
-	Fleet *fleet.Status `json:"fleet"`
-}
-
 // fleetStatus is `agent status --fleet`: every host of the fleet, its resources' health
 // and the rollouts in flight, from etcd alone. Exit 0 when every host is reachable and
 // healthy and no rollout stopped, 3 otherwise, 1 when etcd cannot be read.
 func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr io.Writer, red *view.Redactor) int {
 	fail := func(msg string) int {
 		if asJSON {
-			view.WriteJSON(stdout, &fleetDocument{JSONOutput: view.ErrorJSON("status", red.String(msg))})
+			view.WriteJSON(stdout, &fleet.Document{JSONOutput: view.ErrorJSON("status", red.String(msg))})
 		} else {
 			fmt.Fprintf(stderr, "agent status: %s\n", red.String(msg))
 		}
@@ -55,7 +49,7 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr
 	if p.Agent.Coordination == nil {
 		return fail("--fleet: the plan has no agent { coordination { etcd = [...] } } block: this host is in no fleet")
 	}
-	c, err := fleet.Open(p.Agent.Coordination, nil, true)
+	c, err := fleet.Open(p.Agent.Coordination, nil, "")
 	if err != nil {
 		return fail(err.Error())
 	}
@@ -64,12 +58,14 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr
 	defer cancel()
 	st, err := fleet.Read(ctx, c)
 	if err != nil {
-		return fail(fmt.Sprintf("--fleet: reading etcd %s: %v", strings.Join(p.Agent.Coordination.Etcd, ","), err))
+		hint := ""
+		if errors.Is(err, context.DeadlineExceeded) {
+			hint = " (no member answered within 10 s: check the endpoints, ca_file, cert_file and key_file, and that etcd runs: etcdctl endpoint health)"
+		}
+		return fail(fmt.Sprintf("--fleet: reading etcd %s: %v%s", strings.Join(p.Agent.Coordination.Etcd, ","), err, hint))
 	}
 	if asJSON {
-		doc := &fleetDocument{JSONOutput: view.NewJSONOutput("status"), Fleet: st}
-		doc.OK = true
-		view.WriteJSON(stdout, doc)
+		view.WriteJSON(stdout, fleet.NewDocument(st))
 	} else {
 		writeFleet(stdout, st, time.Now())
 	}

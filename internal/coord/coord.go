@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/agent-dev/agent/internal/atomicfile"
 )
 
 // Config is how to reach the fleet's etcd and what this agent is called there.
@@ -58,6 +61,10 @@ type Config struct {
 	Log *slog.Logger
 	// ReadOnly opens without a lease or a watch: for a view of the fleet.
 	ReadOnly bool
+	// LeaseFile, when set, keeps the lease's ID across restarts of the agent (in its
+	// state directory): a process that starts again before the lease expired keeps it,
+	// so what the dead process held (a member down mid-restart) never stops counting.
+	LeaseFile string
 }
 
 // MinLease is the shortest lease: etcd refuses shorter ones (1.5 election timeouts).
@@ -169,7 +176,9 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	if id != 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, _ = c.cli.Revoke(ctx, id)
+		if _, err := c.cli.Revoke(ctx, id); err == nil && c.cfg.LeaseFile != "" {
+			_ = os.Remove(c.cfg.LeaseFile)
+		}
 		cancel()
 	}
 	return c.cli.Close()
@@ -263,12 +272,21 @@ func (c *Client) renew(ctx context.Context) bool {
 		}
 	}
 	granted := false
+	if id == 0 && ctx.Err() == nil && c.generation == 0 {
+		if old := c.recordedLease(); old != 0 {
+			if resp, kerr := c.cli.KeepAliveOnce(rctx, old); kerr == nil && resp.TTL > 0 {
+				id, ttl, granted, err = old, resp.TTL, true, nil
+				c.log.Info("coordination: kept the lease of this host's previous process", "lease", fmt.Sprintf("%x", old))
+			}
+		}
+	}
 	if id == 0 && ctx.Err() == nil {
 		sent = time.Now()
 		var resp *clientv3.LeaseGrantResponse
 		resp, err = c.cli.Grant(rctx, c.ttl)
 		if err == nil {
 			id, ttl, granted = resp.ID, resp.TTL, true
+			c.recordLease(id)
 		}
 	}
 	c.mu.Lock()
@@ -297,6 +315,33 @@ func (c *Client) renew(ctx context.Context) bool {
 		c.signal()
 	}
 	return live
+}
+
+// recordedLease is the lease ID LeaseFile keeps (0: none).
+func (c *Client) recordedLease() clientv3.LeaseID {
+	if c.cfg.LeaseFile == "" {
+		return 0
+	}
+	b, err := os.ReadFile(c.cfg.LeaseFile)
+	if err != nil {
+		return 0
+	}
+	id, err := strconv.ParseInt(strings.TrimSpace(string(b)), 16, 64)
+	if err != nil {
+		return 0
+	}
+	return clientv3.LeaseID(id)
+}
+
+// recordLease keeps a new lease's ID in LeaseFile (best effort: without it a restart
+// only takes a new lease).
+func (c *Client) recordLease(id clientv3.LeaseID) {
+	if c.cfg.LeaseFile == "" {
+		return
+	}
+	if err := atomicfile.WriteFile(c.cfg.LeaseFile, []byte(fmt.Sprintf("%x\n", int64(id))), 0o600); err != nil {
+		c.log.Warn("coordination: recording the lease", "error", err)
+	}
 }
 
 // watch signals Changed on every change under the rollouts, re-watching when etcd
@@ -331,8 +376,8 @@ type Permit struct {
 	// State is "disrupting" (a permit taken for a restart, replace or delete), "down"
 	// (found down: it counts without asking) or "failed" (its step failed).
 	State  string    `json:"state"`
-	Action string    `json:"action,omitempty"`
-	Why    string    `json:"why,omitempty"`
+	Action string    `json:"action"`
+	Why    string    `json:"why"`
 	Since  time.Time `json:"since"`
 	// Revision is the permit's create revision: its fencing token.
 	Revision int64 `json:"revision"`
@@ -583,7 +628,7 @@ func (c *Client) Unstop(ctx context.Context, group, member string) error {
 type Group struct {
 	Name    string   `json:"group"`
 	Permits []Permit `json:"permits"`
-	Stop    *Stop    `json:"stopped,omitempty"`
+	Stop    *Stop    `json:"stopped"`
 }
 
 // Rollouts reads every rollout group of the fleet, by name.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -297,5 +298,56 @@ func TestTLSRequiresTheClientCertificate(t *testing.T) {
 	}
 	if _, err := Open(Config{Endpoints: cl.Endpoints(), CAFile: "/nonexistent/ca.pem"}); err == nil {
 		t.Fatal("a missing CA file was accepted")
+	}
+}
+
+// An agent started again within its lease keeps it (the ID is in its state directory):
+// what the dead process held keeps counting; past the lease it takes a new one.
+func TestRestartKeepsTheLease(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	file := t.TempDir() + "/coordination-lease"
+	cfg := Config{Endpoints: cl.Endpoints(), Prefix: "/agent/test", Lease: 2 * time.Second, Host: "kpro5", LeaseFile: file}
+	first, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLive(t, first)
+	id, _, _, _ := first.LeaseState()
+	if _, err := first.Acquire(ctx(t), "qwen", "server.qwen", "restart", 1); err != nil {
+		t.Fatal(err)
+	}
+	first.Abandon() // SIGKILL
+	next, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLive(t, next)
+	if got, _, _, _ := next.LeaseState(); got != id {
+		t.Fatalf("lease %x after a quick restart, want the previous process's %x", got, id)
+	}
+	time.Sleep(3 * time.Second) // past the TTL: kept alive, the permit is still there
+	gs, err := next.Rollouts(ctx(t))
+	if err != nil || len(gs) != 1 || len(gs[0].Permits) != 1 {
+		t.Fatalf("the dead process's permit is gone after a restart within the lease: %+v %v", gs, err)
+	}
+	next.Abandon()
+	time.Sleep(4 * time.Second) // dead longer than the lease
+	last, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer last.Close()
+	waitLive(t, last)
+	if got, _, _, _ := last.LeaseState(); got == id {
+		t.Fatal("an expired lease was kept")
+	}
+	if gs, _ := last.Rollouts(ctx(t)); len(gs) != 0 {
+		t.Fatalf("the permit outlived its lease: %+v", gs)
+	}
+	if err := last.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("a revoked lease is still recorded: %v", err)
 	}
 }

@@ -96,6 +96,9 @@ type Config struct {
 	// StopProgress is how often a stop that waits for a server to exit is logged
 	// (DefaultStopProgress when zero).
 	StopProgress time.Duration
+	// ProgressEvery is how often long work (a download) logs where it stands: bytes,
+	// rate, ETA (view.DefaultProgressEvery when zero).
+	ProgressEvery time.Duration
 	// LoadTimeout bounds one load of the plan (DefaultLoadTimeout when zero): a load
 	// past it is abandoned, and the last good plan keeps running.
 	LoadTimeout time.Duration
@@ -112,12 +115,16 @@ type Daemon struct {
 	redact  *view.RedactingHandler // d.log's, given each loaded plan's secrets
 	notify  notifier
 	metrics *metrics
-	queue   *workQueue
+	// progress says when long work's next progress line is due in the log.
+	progress view.ProgressLines
+	queue    *workQueue
 	// work is the workers' context: it ends only after the stop grace.
 	work context.Context
 
 	// stopping is set on SIGTERM: no new step starts.
 	stopping atomic.Bool
+	// observing: a live observation of the resources in flight runs (inflight.go).
+	observing atomic.Bool
 
 	mu       sync.Mutex
 	plan     *plans.Plan
@@ -125,6 +132,11 @@ type Daemon struct {
 	store    *state.Store
 	eng      *agent.Engine // the loop's engine: one per accepted plan, its clients reused
 	engGen   int           // counts accepted plans: results of an older engine are stale
+	shape    *shape        // eng's addresses and dependents, computed once per engine
+	// standing is each resource's category for STATUS= and the counts of each, kept as
+	// resources change (publish): a publish costs O(changes), not O(resources).
+	standing map[string]category
+	counts   [nCategories]int
 	res      map[string]*resState
 	running  bool      // the state lock is held and the workers run
 	waiting  string    // why the loop does not run yet (the lock's holder)
@@ -170,6 +182,13 @@ type resState struct {
 	phase      string
 	phaseStart time.Time
 	phaseLimit time.Duration
+	// The action in flight (create, restart, …; "" when none), since when, and its
+	// status observed meanwhile (inflight.go).
+	action      string
+	actionStart time.Time
+	live        *agent.Step
+	liveAt      time.Time
+	progress    *agent.Progress // the action's latest progress (a download), if it reports any
 
 	watchID     int
 	watchCancel context.CancelFunc
@@ -193,6 +212,7 @@ func (rs *resState) stopWatch() {
 func Run(ctx context.Context, cfg Config) error {
 	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
 	d.metrics = newMetrics(d)
+	d.progress.Every = cfg.ProgressEvery
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -274,7 +294,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	d.mu.Lock()
 	d.running = true
-	for _, a := range d.eng.Addrs() {
+	for _, a := range d.shape.addrs {
 		d.queue.Add(a)
 	}
 	d.mu.Unlock()
@@ -427,9 +447,12 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 			return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))
 		}
 	}
+	sh := newShape(eng)
+	d.warnCoordination(p)
 	d.mu.Lock()
 	d.plan, d.planHash, d.store, d.lastErr, d.eng = p, h, store, "", eng
 	d.engGen++
+	d.shape = sh
 	d.reloaded = time.Now()
 	d.redact.SetRedactor(view.NewRedactor(p.Secrets()))
 	for addr, rs := range d.res {
@@ -443,8 +466,9 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 	}
 	d.mu.Unlock()
 	d.metrics.planValid.Set(1)
+	d.republish() // another engine: every resource's standing and series anew
 	if running {
-		for _, a := range eng.Addrs() {
+		for _, a := range sh.addrs {
 			d.queue.Add(a)
 		}
 	}
@@ -530,46 +554,8 @@ func (d *Daemon) report() (*agent.Report, *plans.Plan) {
 	}
 	rep := &agent.Report{}
 	now := time.Now()
-	for _, addr := range d.eng.Addrs() {
-		st := &agent.Step{Addr: addr}
-		rep.Steps = append(rep.Steps, st)
-		rs := d.res[addr]
-		if rs == nil || rs.step == nil {
-			st.Status = &agent.Status{Summary: "not observed yet"}
-			continue
-		}
-		st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
-		var s agent.Status
-		if rs.status != nil && rs.status.Status != nil {
-			s = *rs.status.Status
-			s.Fields = slices.Clone(s.Fields)
-			s.Metrics = maps.Clone(s.Metrics)
-		}
-		if rs.status != nil && rs.status.Err != nil && st.Err == nil {
-			st.Err = rs.status.Err
-		}
-		if st.Err != nil || !rs.converged {
-			s.Healthy = false
-			if s.Summary == "" {
-				s.Summary = "not converged"
-			}
-		}
-		if !rs.done.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("reconciled_at", "reconciled", rs.done).WithText(rs.done.Format(time.RFC3339)))
-		}
-		if !rs.downSince.IsZero() {
-			s.Fields = append(s.Fields, agent.TimeField("down_since", "down since", rs.downSince).WithText(rs.downSince.Format(time.RFC3339)))
-		}
-		if rs.repairs > 0 {
-			s.Fields = append(s.Fields, agent.NumberField("repairs", "repairs", rs.repairs))
-		}
-		if rs.until.After(now) {
-			s.Fields = append(s.Fields, agent.DurationField("next_try_seconds", "next try", rs.until.Sub(now)).WithText(fmt.Sprintf("in %s (%d failures in a row)", rs.until.Sub(now).Round(100*time.Millisecond), rs.failures)))
-		}
-		for i, f := range rs.history {
-			s.Fields = append(s.Fields, agent.TextField(fmt.Sprintf("failure[%d]", i+1), fmt.Sprintf("failure %d", i+1), f.err).WithText(f.at.Format(time.RFC3339)+" "+f.err))
-		}
-		st.Status = &s
+	for _, addr := range d.shape.addrs {
+		rep.Steps = append(rep.Steps, d.stepFor(addr, now))
 	}
 	return rep, d.plan
 }

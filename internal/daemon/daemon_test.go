@@ -39,6 +39,9 @@ type markConfig struct {
 	Old        *string `hcl:"old,optional"`
 	Witness    *string `hcl:"witness,optional"`
 	FinishFail *bool   `hcl:"finish_fail,optional"`
+	// Watch makes the mark a Watcher: its watch ends when its file is removed (a
+	// death the loop must notice and repair at once).
+	Watch *bool `hcl:"watch,optional"`
 }
 
 type mark struct {
@@ -163,6 +166,24 @@ func (m *mark) Finish(ctx context.Context, env *agent.Env) error {
 	return os.Remove(*m.cfg.Old)
 }
 
+func (m *mark) Watch(ctx context.Context, env *agent.Env) error {
+	if m.cfg.Watch == nil || !*m.cfg.Watch {
+		return agent.ErrNothingToWatch
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if _, err := os.Stat(m.cfg.Path); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
 func (m *mark) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
 	return &agent.Status{Healthy: true, Summary: "ok", Metrics: map[string]float64{"generation": 7}}, nil
 }
@@ -179,6 +200,7 @@ type harness struct {
 	done     chan error
 	readyURL chan string
 	log      *syncBuffer // what the daemon logged
+	last     string      // the last STATUS= seen by summary
 }
 
 // syncBuffer is a bytes.Buffer safe for the daemon's goroutines.

@@ -2,11 +2,15 @@ package daemon
 
 import (
 	"context"
+	"reflect"
 	"time"
+
+	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/view"
+	"github.com/agent-dev/agent/plans"
 )
 
 // joinFleet joins the fleet when the plan says agent { coordination }: the rollout
@@ -17,12 +21,12 @@ import (
 // effect at the next start of the agent.
 func (d *Daemon) joinFleet(ctx context.Context) (func(), error) {
 	d.mu.Lock()
-	cfg, rollouts := d.plan.Agent.Coordination, d.rollouts
+	cfg, rollouts, store := d.plan.Agent.Coordination, d.rollouts, d.store
 	d.mu.Unlock()
 	if cfg == nil {
 		return func() {}, nil
 	}
-	c, err := fleet.Open(cfg, d.log, false)
+	c, err := fleet.Open(cfg, d.log, store.Dir())
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +62,29 @@ func (d *Daemon) joinFleet(ctx context.Context) (func(), error) {
 		<-done
 		fleet.Leave(c, permits)
 	}, nil
+}
+
+// warnCoordination logs a reloaded plan whose coordination block differs from the one the
+// loop joined the fleet with: it takes effect at the agent's next start, and the loop
+// goes on with the fleet it has.
+func (d *Daemon) warnCoordination(p *plans.Plan) {
+	d.mu.Lock()
+	old, running := d.plan, d.running
+	d.mu.Unlock()
+	if old == nil || !running || reflect.DeepEqual(coordinationOf(old), coordinationOf(p)) {
+		return
+	}
+	d.log.Warn("the plan's agent { coordination } changed: it takes effect when the agent restarts (systemctl restart agent); the loop goes on with the fleet it joined")
+}
+
+// coordinationOf is the block without its source position.
+func coordinationOf(p *plans.Plan) *plans.Coordination {
+	if p.Agent.Coordination == nil {
+		return nil
+	}
+	c := *p.Agent.Coordination
+	c.DeclRange = hcl.Range{}
+	return &c
 }
 
 // wakeOnFleet queues the members that wait for their rollout group whenever a count may

@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -12,18 +14,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/view"
-	"github.com/agent-dev/agent/plans"
 )
 
 // handleStatus answers the same document as `agent status --json`, from the loop's latest
-// observations (nothing is observed for the request, no engine is built), plus the state
+// observations (nothing is observed while the request waits, no engine is built; a
+// resource whose step is in flight is observed after it, inflight.go), plus the state
 // directory so `agent status` can tell whether this daemon manages its plan. Each
 // resource's fields add what the loop knows: when it was last reconciled, since when it
 // is down, its repairs, its next try and its recent failures (a crash loop's quote of
 // each generation's log).
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
+	if d.observing.CompareAndSwap(false, true) {
+		// In the background: /status answers at once with the last live observation.
+		go func() { defer d.observing.Store(false); d.observeInFlight(d.work) }()
+	}
 	rep, p := d.report()
 	if rep == nil {
 		http.Error(w, "starting\n", http.StatusServiceUnavailable)
@@ -177,41 +182,34 @@ func (c *loopCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// setStatus keeps the latest per-resource status metrics for scraping.
-func (m *metrics) setStatus(rep *agent.Report, p *plans.Plan) {
-	var samples []statusSample
-	for _, st := range rep.Steps {
-		r := p.Resource(st.Addr)
-		if r == nil {
-			continue
-		}
-		healthy := 0.0
-		if st.Err == nil && st.Status != nil && st.Status.Healthy {
-			healthy = 1
-		}
-		member := st.Status.Member()
-		samples = append(samples, statusSample{kind: "resource", key: "healthy", name: st.Addr, member: member, value: healthy})
-		if st.Status == nil {
-			continue
-		}
-		for k, v := range st.Status.Metrics {
-			if metricKey.MatchString(k) {
-				samples = append(samples, statusSample{kind: r.Type, key: k, name: r.Name, member: member, value: v})
-			}
-		}
-	}
-	m.status.mu.Lock()
-	m.status.samples = samples
-	m.status.mu.Unlock()
-}
-
 // statusCollector exports each resource's Status.Metrics as agent_<kind>_<key>{name}, and
 // {name, member} in a family where some resource names its cluster member
 // (agent.MemberField): one family keeps one set of labels, so a resource without a member
 // gets member="" there, which Prometheus reads as no label.
 type statusCollector struct {
 	mu      sync.Mutex
-	samples []statusSample
+	samples map[string][]statusSample // by resource address, each set as it changes
+}
+
+// set replaces addr's series.
+func (c *statusCollector) set(addr string, s []statusSample) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.samples == nil {
+		c.samples = map[string][]statusSample{}
+	}
+	c.samples[addr] = s
+}
+
+// keep drops the series of every resource not in addrs (gone from the plan).
+func (c *statusCollector) keep(addrs []string) {
+	in := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		in[a] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	maps.DeleteFunc(c.samples, func(a string, _ []statusSample) bool { return !in[a] })
 }
 
 type statusSample struct {
@@ -228,19 +226,32 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	withMember := map[string]bool{}
-	for _, s := range c.samples {
-		if s.member != "" {
-			withMember[s.kind+"_"+s.key] = true
+	for _, ss := range c.samples {
+		for _, s := range ss {
+			if s.member != "" {
+				withMember[s.kind+"_"+s.key] = true
+			}
 		}
 	}
-	for _, s := range c.samples {
+	for _, s := range slices.Concat(slices.Collect(maps.Values(c.samples))...) {
 		labels, values := []string{"name"}, []string{s.name}
 		if withMember[s.kind+"_"+s.key] {
 			labels, values = append(labels, "member"), append(values, s.member)
 		}
 		desc := prometheus.NewDesc("agent_"+s.kind+"_"+s.key, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", labels, nil)
-		if m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, s.value, values...); err == nil {
+		if m, err := prometheus.NewConstMetric(desc, statusValueType(s.key), s.value, values...); err == nil {
 			ch <- m
 		}
 	}
+}
+
+// statusValueType is how a status number is exported: a key ending in _total is a count
+// the resource keeps in its own record across agent restarts (a server's reverts), so it
+// only grows and is a counter (increase() works on it, as Prometheus' naming promises);
+// every other key is a gauge.
+func statusValueType(key string) prometheus.ValueType {
+	if strings.HasSuffix(key, "_total") {
+		return prometheus.CounterValue
+	}
+	return prometheus.GaugeValue
 }

@@ -89,6 +89,31 @@ func (d *Daemon) withStopProgress(ctx context.Context, addr string) context.Cont
 	})
 }
 
+// logProgress logs where long work stands (a 52 GB download) every ProgressEvery of its
+// time, with its figures as attributes, and its closing line if it logged one: the
+// journal is not an hour of silence, nor a line every 250 ms.
+func (d *Daemon) logProgress(p agent.Progress) {
+	d.mu.Lock()
+	if rs := d.res[p.Addr]; rs != nil && rs.action != "" && !p.Final {
+		rs.progress = &p // /status says where it stands (inflight.go)
+	}
+	d.mu.Unlock()
+	line, ok := d.progress.Line(p)
+	if !ok {
+		return
+	}
+	attrs := []any{"resource", p.Addr, "done_bytes", p.Done}
+	if !p.Final {
+		eta := -1.0
+		if p.ETA >= 0 && p.Total > 0 {
+			eta = p.ETA.Round(time.Second).Seconds()
+		}
+		attrs = append(attrs, "total_bytes", p.Total, "rate_bytes_per_second", int64(p.Rate), "eta_seconds", eta)
+	}
+	attrs = append(attrs, "elapsed", p.Elapsed.Round(time.Second).String())
+	d.log.Info(p.Addr+": "+line, attrs...)
+}
+
 // debugOn reports whether debug lines would be written (to skip building them).
 func (d *Daemon) debugOn() bool { return d.log.Enabled(context.Background(), slog.LevelDebug) }
 

@@ -116,7 +116,7 @@ func TestLogExplainsStartRestartsStopsAndDebug(t *testing.T) {
 		t.Errorf("the first line is not the start line:\n%s", first)
 	}
 	// The restart names the rotated variable, its effect and reason, never its values.
-	want("restart naming env[\"HF_TOKEN\"]", regexp.QuoteMeta(`msg=applying resource=server.qwen action=restart changes="env[\"HF_TOKEN\"] (sensitive value) (restart: identity changed)"`))
+	want("restart naming env[\"HF_TOKEN\"]", regexp.QuoteMeta(`msg=applying resource=server.qwen action=restart changes.env.HF_TOKEN.sensitive=true changes.env.HF_TOKEN.effect=restart changes.env.HF_TOKEN.reason=identity`))
 	for _, tok := range []string{oldToken, newToken} {
 		if strings.Contains(out, tok) {
 			t.Errorf("the log shows a token value %q", tok)
@@ -132,7 +132,7 @@ func TestLogExplainsStartRestartsStopsAndDebug(t *testing.T) {
 	// Debug: why each resource was looked at, what was seen, what it waits for.
 	want("queue add", `level=DEBUG msg=queued resource=server\.qwen$`)
 	want("queue timer", `level=DEBUG msg="next reconcile scheduled" resource=server\.qwen in=`)
-	want("observation with its verdict", `level=DEBUG msg=reconciled resource=server\.qwen took=\S+ observed=restart changes=.*HF_TOKEN.* applied=true`)
+	want("observation with its verdict", `level=DEBUG msg=reconciled resource=server\.qwen took=\S+ observed=restart changes\.env\.HF_TOKEN\.sensitive=true .* applied=true`)
 	want("no-op observation", `level=DEBUG msg=reconciled resource=file\.after took=\S+ observed=no-op applied=false`)
 	want("watch armed", `level=DEBUG msg="watching for changes" resource=server\.qwen`)
 	want("nothing to watch", `level=DEBUG msg="nothing to watch; observed at each resync" resource=file\.after`)

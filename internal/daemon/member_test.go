@@ -11,11 +11,10 @@ import (
 // carries member="…" on every series (empty for a resource without one, so the family
 // keeps one label set, which a pedantic registry checks); other families keep {name}.
 func TestStatusMetricsMemberLabel(t *testing.T) {
-	c := &statusCollector{samples: []statusSample{
-		{kind: "server", key: "up", name: "qwen_m2", member: "m2", value: 1},
-		{kind: "server", key: "up", name: "local", value: 1},
-		{kind: "file", key: "size", name: "f", value: 3},
-	}}
+	c := &statusCollector{}
+	c.set("server.qwen_m2", []statusSample{{kind: "server", key: "up", name: "qwen_m2", member: "m2", value: 1}})
+	c.set("server.local", []statusSample{{kind: "server", key: "up", name: "local", value: 1}})
+	c.set("file.f", []statusSample{{kind: "file", key: "size", name: "f", value: 3}})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	mfs, err := reg.Gather()
@@ -36,5 +35,28 @@ func TestStatusMetricsMemberLabel(t *testing.T) {
 		if !got[want] {
 			t.Errorf("no series %s in %v", want, got)
 		}
+	}
+}
+
+// TestStatusMetricsCounters: a status number whose key ends in _total (a server's
+// reverts, kept in its record) is exported as a counter, every other one as a gauge.
+func TestStatusMetricsCounters(t *testing.T) {
+	c := &statusCollector{}
+	c.set("server.qwen", []statusSample{
+		{kind: "server", key: "reverts_total", name: "qwen", value: 2},
+		{kind: "server", key: "rolled_back", name: "qwen", value: 1},
+	})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	types := map[string]string{}
+	for _, mf := range mfs {
+		types[mf.GetName()] = mf.GetType().String()
+	}
+	if types["agent_server_reverts_total"] != "COUNTER" || types["agent_server_rolled_back"] != "GAUGE" {
+		t.Errorf("types %v, want agent_server_reverts_total a COUNTER and agent_server_rolled_back a GAUGE", types)
 	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -86,4 +87,45 @@ func TestWorkQueue(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	q.ShutDown()
 	wg.Wait()
+}
+
+// A death a watch noticed jumps the queue (issue 27): AddFirst goes before every routine
+// turn already in line, moves an address already in line to the front (handed out
+// once), and one added while in flight comes back first after Done.
+func TestWorkQueueAddFirstJumpsTheLine(t *testing.T) {
+	t.Parallel()
+	q := newWorkQueue()
+	for i := range 1000 {
+		q.Add(fmt.Sprintf("r%d", i))
+	}
+	q.AddFirst("dead")
+	q.AddFirst("r500") // in line already: moved up, not duplicated
+	if n := q.Len(); n != 1001 {
+		t.Fatalf("Len = %d, want 1001", n)
+	}
+	for _, want := range []string{"dead", "r500", "r0"} {
+		if got, _ := q.Get(); got != want {
+			t.Fatalf("Get = %q, want %q", got, want)
+		}
+		q.Done(want)
+	}
+	seen := map[string]int{}
+	for q.Len() > 0 {
+		a, _ := q.Get()
+		seen[a]++
+		if a == "r1" {
+			q.AddFirst("r1") // noticed dying while in flight
+			q.Add("r2")      // in line already
+		}
+		q.Done(a)
+		if a == "r1" {
+			if again, _ := q.Get(); again != "r1" {
+				t.Fatalf("after Done, Get = %q, want r1 again first", again)
+			}
+			q.Done("r1")
+		}
+	}
+	if seen["r500"] != 0 || seen["r2"] != 1 || len(seen) != 998 {
+		t.Errorf("handed out: r500 %d times, r2 %d times, %d addresses; want 0, 1, 998", seen["r500"], seen["r2"], len(seen))
+	}
 }

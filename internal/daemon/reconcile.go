@@ -80,11 +80,14 @@ func (d *Daemon) hold(addr string) error {
 }
 
 // engineOptions are the loop engine's options: the configured ones, with the daemon's
-// log and hold.
+// log, hold and progress lines.
 func (d *Daemon) engineOptions() agent.Options {
 	opts := d.cfg.Engine
 	opts.Log = d.log
 	opts.Hold = d.hold
+	if opts.Progress == nil {
+		opts.Progress = d.logProgress
+	}
 	return opts
 }
 
@@ -106,7 +109,7 @@ func (d *Daemon) process(addr string) {
 		return
 	}
 	d.mu.Lock()
-	eng, gen := d.eng, d.engGen
+	eng, gen, sh := d.eng, d.engGen, d.shape
 	if !eng.Has(addr) {
 		d.mu.Unlock()
 		return
@@ -140,18 +143,21 @@ func (d *Daemon) process(addr string) {
 		}
 		rs.step, rs.converged, rs.gen = &agent.Step{Addr: addr, Err: w}, false, gen
 		d.mu.Unlock()
-		d.publish()
-		if changed {
+		if changed { // else nothing new to say: a wait costs nothing
+			d.publish(addr)
 			// Its dependents wait on it and name its root cause: they learn the new one
 			// (a dependency that has since failed), instead of keeping the old wait.
-			for _, dep := range eng.Dependents(addr) {
+			for _, dep := range sh.dependents[addr] {
 				d.queue.Add(dep)
 			}
 		}
-		// Queued again when the dependency converges, and in any case at its resync: the
-		// loop is level-based, so a wait never hangs on one missed edge (a dependency
-		// whose verdict raced a reload was seen stuck "waiting" under the chaos test).
-		d.queue.AddAfter(addr, d.resync())
+		// Queued again when the dependency changes (it converges, or fails: finish
+		// queues its dependents), not at every resync: 10,000 resources waiting on one
+		// download cost nothing meanwhile (issue 27). The loop stays level-based: a
+		// wait is looked at again after waitRecheck in any case, so it never hangs on
+		// one missed edge (a dependency whose verdict raced a reload was seen stuck
+		// "waiting" under the chaos test).
+		d.queue.AddAfter(addr, d.waitRecheck())
 		return
 	}
 	now := time.Now()
@@ -185,7 +191,7 @@ func (d *Daemon) process(addr string) {
 			"next_try_in", time.Until(rs.until).Round(time.Millisecond).String())
 		d.queue.AddAfter(addr, time.Until(rs.until))
 		d.mu.Unlock()
-		d.publish()
+		d.publish(addr)
 		return
 	}
 	rs.inFlight, rs.phase, rs.phaseStart, rs.phaseLimit = true, "", now, 0
@@ -223,7 +229,7 @@ func (d *Daemon) terminalHeld(eng *agent.Engine, gen int, addr string, rs *resSt
 	}
 	rs.step = &agent.Step{Addr: addr, Diff: diff, Err: fmt.Errorf("%s: %w (terminal error: %s)", addr, ErrTerminalHold, lastFailure(rs))}
 	d.queue.AddAfter(addr, d.resync())
-	go d.publish()
+	go d.publish(addr)
 	return true
 }
 
@@ -248,7 +254,7 @@ func (d *Daemon) heldButConverged(eng *agent.Engine, gen int, addr string, rs *r
 	rs.step, rs.done = st, time.Now()
 	d.armWatch(eng, gen, addr, rs)
 	d.queue.AddAfter(addr, min(d.resync(), time.Until(rs.until)))
-	go d.publish()
+	go d.publish(addr)
 	return true
 }
 
@@ -273,6 +279,10 @@ func (d *Daemon) notePhase(addr, what string, limit time.Duration) {
 	defer d.mu.Unlock()
 	if rs := d.res[addr]; rs != nil && rs.inFlight {
 		rs.phase, rs.phaseStart, rs.phaseLimit = what, time.Now(), limit
+		if _, ok := acting[what]; ok {
+			rs.action, rs.actionStart, rs.live, rs.liveAt, rs.progress = what, rs.phaseStart, nil, time.Time{}, nil
+			go d.publish() // /status and the metrics say it is acting now
+		}
 	}
 }
 
@@ -299,6 +309,11 @@ func (d *Daemon) resync() time.Duration {
 	return time.Duration(float64(iv) * (0.9 + 0.2*rand.Float64()))
 }
 
+// waitRecheck is how long a resource waiting for a dependency goes unlooked-at when
+// nothing wakes it: ten resyncs. Its dependency's changes wake it; this only bounds a
+// missed one.
+func (d *Daemon) waitRecheck() time.Duration { return 10 * d.resync() }
+
 // backoff is the wait after n failures in a row: doubling from BackoffMin, jittered by
 // ±20 %, capped at BackoffMax.
 func (d *Daemon) backoff(n int) time.Duration {
@@ -313,7 +328,7 @@ func (d *Daemon) backoff(n int) time.Duration {
 // settle records a reconcile's outcome and schedules the resource's next turn.
 func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
 	d.mu.Lock()
-	rs.inFlight, rs.phase = false, ""
+	rs.inFlight, rs.phase, rs.action, rs.live, rs.progress = false, "", "", nil, nil
 	now := time.Now()
 	was := rs.converged && rs.gen == gen // converged under this engine before this reconcile
 	if errors.Is(st.Err, ErrStopping) {
@@ -328,7 +343,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		d.queue.AddAfter(addr, d.resync())
 		d.mu.Unlock()
 		d.log.Info("waiting for its rollout group", "resource", addr, "why", st.Err.Error())
-		d.publish()
+		d.publish(addr)
 		return
 	}
 	d.wakeRollout(eng, addr)
@@ -386,7 +401,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 			eng.Record(st) // its dependencies, for ordering it as an orphan one day
 		}
 		if !was || st.Applied {
-			for _, dep := range eng.Dependents(addr) {
+			for _, dep := range d.shape.dependents[addr] {
 				d.queue.Add(dep)
 			}
 			// What it depends on may have break work that waited for it (a migrated
@@ -419,11 +434,12 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		if !rs.terminal {
 			next = wait
 		}
-		for _, dep := range eng.Dependents(addr) {
+		for _, dep := range d.shape.dependents[addr] {
 			d.queue.Add(dep) // they report the root cause of their wait
 		}
 	}
-	if d.allConverged(eng, gen) {
+	d.recount(addr)
+	if gen == d.engGen && d.allConverged() {
 		d.metrics.lastSuccess.SetToCurrentTime()
 	}
 	d.queue.AddAfter(addr, next)
@@ -445,7 +461,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 	rs.status = sst
 	rs.inFlight, rs.phase = false, ""
 	d.mu.Unlock()
-	d.publish()
+	d.publish(addr)
 }
 
 // died reports whether a repair was needed because what the agent launched died or went
@@ -491,18 +507,6 @@ func lastDiff(rs *resState) *agent.Diff {
 	return nil
 }
 
-// allConverged reports whether every resource of the engine last verified converged
-// (under d.mu).
-func (d *Daemon) allConverged(eng *agent.Engine, gen int) bool {
-	for _, a := range eng.Addrs() {
-		rs := d.res[a]
-		if rs == nil || !rs.converged || rs.gen != gen {
-			return false
-		}
-	}
-	return true
-}
-
 // armWatch starts watching a resource that just verified converged, when its kind can
 // (agent.Watcher); a change it notices queues the resource at once (under d.mu).
 func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState) {
@@ -545,64 +549,6 @@ func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState)
 		d.log.Info("change noticed; reconciling now", "resource", addr)
 		d.queue.AddAfter(addr, wait)
 	}()
-}
-
-// summaryLine is the one-line STATUS= for systemctl status.
-func (d *Daemon) summaryLine() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.running {
-		if d.waiting != "" {
-			return "waiting: " + d.waiting
-		}
-		return "starting"
-	}
-	var conv, failing, waiting, pending int
-	for _, a := range d.eng.Addrs() {
-		rs := d.res[a]
-		switch {
-		case rs == nil || rs.step == nil:
-			pending++
-		case rs.converged && rs.gen == d.engGen:
-			conv++
-		case rs.step.Err != nil && !held(rs.step.Err) || rs.failures > 0:
-			failing++
-		default:
-			var w *WaitingError
-			if rs.step.Err != nil && errors.As(rs.step.Err, &w) {
-				waiting++
-			} else {
-				pending++
-			}
-		}
-	}
-	s := fmt.Sprintf("%d resources: %d converged, %d failing", len(d.eng.Addrs()), conv, failing)
-	if waiting > 0 {
-		s += fmt.Sprintf(", %d waiting for dependencies", waiting)
-	}
-	if pending > 0 {
-		s += fmt.Sprintf(", %d in progress", pending)
-	}
-	if d.lastErr != "" {
-		s += "; new plan invalid, running the last good one"
-	}
-	return s
-}
-
-// publish refreshes the STATUS= line (when it changed) and the status metrics.
-func (d *Daemon) publish() {
-	line := d.summaryLine()
-	d.mu.Lock()
-	changed := line != d.summary
-	d.summary = line
-	d.mu.Unlock()
-	if changed {
-		d.notify.status(line)
-	}
-	rep, p := d.report()
-	if rep != nil {
-		d.metrics.setStatus(rep, p)
-	}
 }
 
 // finishWork does addr's break work (agent.Finisher), which its reconcile's last

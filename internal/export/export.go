@@ -12,8 +12,10 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 )
 
-// FormatVersion is the version of the JSON view (`agent export --json`).
-const FormatVersion = 1
+// FormatVersion is the version of the JSON view (`agent export --json`): a string, the
+// same as every other command's document (docs/json-output.md) so that one check of
+// format_version serves them all.
+const FormatVersion = "3"
 
 // Options says where to look and what to include.
 type Options struct {
@@ -35,7 +37,7 @@ type Options struct {
 
 // Observation is one look at a host: what Render writes, and the JSON view.
 type Observation struct {
-	FormatVersion int         `json:"format_version"`
+	FormatVersion string      `json:"format_version"`
 	Hostname      string      `json:"hostname"`
 	ObservedAt    time.Time   `json:"observed_at"`
 	Driver        *Driver     `json:"driver,omitempty"`

@@ -3,6 +3,7 @@ package export_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -260,5 +261,20 @@ func TestExportServerInContainer(t *testing.T) {
 	// Servers inside containers are supported: the block is written live, not commented out.
 	if strings.Contains(text, "# server \"sglang_30000\"") || !strings.Contains(text, "server \"sglang_30000\"") {
 		t.Errorf("the server in the container is not exported as a live block:\n%s", text)
+	}
+}
+
+// Issue 29 point 6: the JSON view carries format_version "3", a string as in every other
+// document, and [] where nothing was found, never null.
+func TestJSONViewIsVersionedWithEmptyLists(t *testing.T) {
+	o := &export.Observation{FormatVersion: export.FormatVersion, Servers: []export.Server{{PID: 1}}, Driver: &export.Driver{}}
+	export.EmptyNotNull(o)
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if !strings.Contains(s, `"format_version":"3"`) || strings.Contains(s, "null") {
+		t.Errorf("export --json view: %s", s)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/internal/cmdline"
+	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 )
 
@@ -205,6 +206,8 @@ func splitEnv(environ []string) (env map[string]string, secrets, session []strin
 			continue
 		}
 		switch {
+		case jitDefault(environ, k, v):
+			session = append(session, k)
 		case secretKey.MatchString(k):
 			secrets = append(secrets, k)
 		case sessionKeys[k]:
@@ -216,6 +219,19 @@ func splitEnv(environ []string) (env map[string]string, secrets, session []strin
 	sort.Strings(secrets)
 	sort.Strings(session)
 	return env, secrets, session
+}
+
+// jitDefault says whether k=v is a JIT cache location the agent gives every launch by
+// default (lifecycle.JITCacheEnv of the process's HOME): not the server's own setting,
+// so a plan exported from an agent-launched server does not pin it as identity.
+func jitDefault(environ []string, k, v string) bool {
+	for _, kv := range environ {
+		if home, ok := strings.CutPrefix(kv, "HOME="); ok {
+			d, ok := lifecycle.JITCacheEnv(home)[k]
+			return ok && d == v
+		}
+	}
+	return false
 }
 
 // containerOf names the Incus instance a process runs in, from its cgroup

@@ -38,6 +38,9 @@
 //	busy[=DUR]       slow but progressing: /health_generate answers after DUR (12 s),
 //	                 batch lines and counters keep moving
 //
+// Each start compiles a marker "kernel" into TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR
+// and logs whether a previous launch had left one there ("JIT cache reused: …").
+//
 // With --enable-dp-attention and --dp-size N, each of the N DP ranks logs its own
 // "[ts DPi TPj] Decode batch" line and exports its own dp_rank series, as SGLang does.
 //

@@ -262,6 +262,7 @@ func (s *server) start() {
 		s.log.main("Received sigquit from a child process. It usually means the child failed.")
 		s.fail(1)
 	}
+	s.jitCaches()
 	const kvTokens = 413696
 	for r := 0; r < tp; r++ {
 		if s.hybrid() {

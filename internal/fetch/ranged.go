@@ -544,8 +544,10 @@ func (sp *span) rate(now time.Time) float64 {
 const (
 	// stealLook: a span is judged on its rate once its bytes have run this long, or, with
 	// no byte yet, once its request has waited twice as long (a slow first byte is not
-	// a slow connection before then).
-	stealLook = 250 * time.Millisecond
+	// a slow connection before then); a split must save at least this long. A rate over a
+	// shorter time is noise on a loaded machine (a server or a client starved of CPU for
+	// a moment), and each split costs a request and the bytes the victim had in flight.
+	stealLook = time.Second
 	// stealRatio: a span slower than the thief by this factor is split; between
 	// connections of about the same speed a split would only cost a request.
 	stealRatio = 2
@@ -574,9 +576,10 @@ func (rf *rangedFile) claim() *span {
 }
 
 // steal splits the span of the slowest connection when it runs at less than half the
-// thief's rate (the fastest span's when the thief has none yet): the thief takes the far
-// part, sized so that both finish together at their rates, and the victim keeps at least
-// the rest of the block it is writing. aria2c does the same for a connection that falls
+// thief's rate (the fastest span's when the thief has none yet) and the split would save a
+// second or more: the thief takes the far part, sized so that both finish
+// together at their rates, and the victim keeps at least the rest of the block it is
+// writing. aria2c does the same for a connection that falls
 // behind; without it one congested connection holds the whole file (and the hashed prefix)
 // back. nil when no span is worth splitting.
 func (rf *rangedFile) steal(thiefRate float64) *span {
@@ -600,9 +603,14 @@ func (rf *rangedFile) steal(thiefRate float64) *span {
 		if sp.sent.IsZero() || !judged || rv*stealRatio >= thiefRate {
 			continue
 		}
+		left := sp.end - sp.next
+		if rv > 0 && float64(left)/rv-float64(left)/(rv+thiefRate) < stealLook.Seconds() {
+			// Not worth a request and the bytes the victim has in flight past the
+			// cut: on a fast link the tail is over sooner than a split would help.
+			continue
+		}
 		// Victim and thief finish together: the victim keeps rv/(rv+rt) of the rest,
 		// rounded up to a block, and at least the block it is writing.
-		left := sp.end - sp.next
 		at := sp.next + int64(float64(left)*rv/(rv+thiefRate))
 		at = max(at, sp.reserved+1, sp.next+1)
 		at = (at + rf.block - 1) / rf.block * rf.block

@@ -2,21 +2,30 @@ package fleet
 
 import (
 	"log/slog"
+	"path/filepath"
 
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/plans"
 )
 
 // Open connects to the fleet's etcd as the plan's coordination block says (nil when the
-// plan has none: nothing of etcd is touched then). readOnly opens without a lease, for a
+// plan has none: nothing of etcd is touched then). stateDir keeps the lease's ID, so
+// that an agent started again within the lease keeps it; "" opens without a lease, for a
 // view.
-func Open(c *plans.Coordination, log *slog.Logger, readOnly bool) (*coord.Client, error) {
+func Open(c *plans.Coordination, log *slog.Logger, stateDir string) (*coord.Client, error) {
 	if c == nil {
 		return nil, nil
 	}
-	return coord.Open(coord.Config{Endpoints: c.Etcd, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
-		Prefix: c.Prefix, Lease: c.Lease, Host: c.Name, Log: log, ReadOnly: readOnly})
+	cfg := coord.Config{Endpoints: c.Etcd, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
+		Prefix: c.Prefix, Lease: c.Lease, Host: c.Name, Log: log, ReadOnly: stateDir == ""}
+	if stateDir != "" {
+		cfg.LeaseFile = filepath.Join(stateDir, LeaseFile)
+	}
+	return coord.Open(cfg)
 }
+
+// LeaseFile is the file in the state directory that keeps the agent's etcd lease ID.
+const LeaseFile = "coordination-lease"
 
 // Leave ends this agent's part in the fleet: the lease is revoked (its entry and
 // permits go at once) unless a member is still down or in flight, whose permit must

@@ -30,7 +30,7 @@ type ResourceSummary struct {
 	Address string `json:"address"`
 	Healthy bool   `json:"healthy"`
 	Summary string `json:"summary"`
-	Error   string `json:"error,omitempty"`
+	Error   string `json:"error"`
 }
 
 // InFlight is a member disrupted and not verified yet.
@@ -39,7 +39,7 @@ type InFlight struct {
 	Member string    `json:"member"`
 	Action string    `json:"action"`
 	Since  time.Time `json:"since"`
-	Failed string    `json:"failed,omitempty"`
+	Failed string    `json:"failed"`
 }
 
 // SummaryOf summarises a status report and the members in flight. red redacts what a
@@ -141,6 +141,20 @@ func Read(ctx context.Context, c *coord.Client) (*Status, error) {
 		st.Hosts = append(st.Hosts, hs)
 	}
 	return st, nil
+}
+
+// Document is `agent status --fleet --json`: a status document (format_version 3) whose
+// resources are per host, under fleet; an error document has no fleet.
+type Document struct {
+	*view.JSONOutput
+	Fleet *Status `json:"fleet,omitempty"`
+}
+
+// NewDocument is the fleet's status document.
+func NewDocument(st *Status) *Document {
+	doc := &Document{JSONOutput: view.NewJSONOutput("status"), Fleet: st}
+	doc.OK = true
+	return doc
 }
 
 // Degraded reports whether a host is unreachable or unhealthy, or a rollout stopped.

@@ -59,9 +59,9 @@ type Incus struct {
 	Endpoints map[int]string
 	// Timeout bounds each Incus request made without a deadline (10 s when zero).
 	Timeout time.Duration
-	// Remote makes the runner work through the Incus API only, as it does for an
+	// Remote makes the place work through the Incus API only, as it does for an
 	// instance on another cluster member (incus_remote.go), also for one on this
-	// host: the test cluster's members share one host. Left false, the runner decides
+	// host: the test cluster's members share one host. Left false, the place decides
 	// per instance.
 	Remote bool
 

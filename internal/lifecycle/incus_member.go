@@ -17,7 +17,7 @@ var errElsewhere = errors.New("the instance's processes are not on this host")
 // instance's LXC cgroup (lxc.payload.NAME, or lxc.payload.PROJECT_NAME). Incus reports
 // the init PID in the namespace of the host the instance runs on; on an Incus cluster
 // that is the member holding it, and the same number on this host is some unrelated
-// process that must never be observed or signalled as the server's. The runner uses
+// process that must never be observed or signalled as the server's. The Incus place uses
 // this host's /proc only for an instance Incus places on this member (Incus.remote);
 // this proof catches a placement that says so wrongly. A procfs without
 // cgroup files (a test's fake) proves nothing either way and is let through.

@@ -16,7 +16,7 @@ import (
 
 // An instance on another cluster member runs its processes in a kernel the agent
 // cannot read: the init PID Incus reports is that member's, and this host's /proc
-// knows nothing of it. There the Incus runner works through the Incus API only
+// knows nothing of it. There the Incus place works through the Incus API only
 // (remote mode): every observation is an exec of a small busybox-compatible script
 // that reads the instance's own /proc, every signal an exec of kill, and the log files
 // come through the file API. PIDs are then the container's own, so a record must say
@@ -179,7 +179,7 @@ var _ Procs = remoteProcs{}
 // NS is the namespace the PIDs belong to.
 func (p remoteProcs) NS() string { return p.ns }
 
-// bound is ctx bounded by the runner's timeout for one look.
+// bound is ctx bounded by the place's timeout for one look.
 func (p remoteProcs) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, p.r.timeout())
 }

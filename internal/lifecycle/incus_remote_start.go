@@ -18,11 +18,11 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 )
 
-// remote reports whether the runner works through the Incus API only: always with
+// remote reports whether the place works through the Incus API only: always with
 // Remote set, else when the instance's cluster member is not the one the agent's
 // Incus socket belongs to (GET /1.0/cluster's server_name). An instance outside a
 // cluster, or on this member, is local: its processes are in this host's /proc, read
-// faster, and watched with a pidfd. The answer is kept for the runner's life (one
+// faster, and watched with a pidfd. The answer is kept for the place's life (one
 // value per run). An error (the instance cannot be read) decides nothing.
 func (r *Incus) remote(ctx context.Context) (bool, error) {
 	if r.Remote {
@@ -59,7 +59,7 @@ const (
 	modeRemote = 2
 )
 
-// IsRemote reports whether the runner works through the Incus API only (see remote).
+// IsRemote reports whether the place works through the Incus API only (see remote).
 func (r *Incus) IsRemote(ctx context.Context) (bool, error) { return r.remote(ctx) }
 
 // ProcsIn observes and stops processes whose PIDs belong to the PID namespace ns, as a
@@ -110,7 +110,7 @@ func (r *Incus) startRemote(ctx context.Context, nsPID int, tag string, log LogF
 	kill := func() {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout())
 		defer cancel()
-		_ = p.send(kctx, proc.Target{}, []proc.Stat{st}, syscall.SIGKILL)
+		_ = p.Signal(kctx, proc.Target{}, []proc.Stat{st}, syscall.SIGKILL)
 	}
 	if err != nil {
 		if st.PID > 0 {

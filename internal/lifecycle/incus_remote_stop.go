@@ -2,7 +2,6 @@ package lifecycle
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,109 +11,41 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 )
 
-// Stop is proc.FS.Stop inside the instance, through exec: the same set (the leader,
-// its group and session while anchored by a member proved alive as itself, the
-// processes carrying the marker, and every descendant of those), the same order
+// Stop is proc.FS.Stop inside the instance, through exec: the one algorithm
+// (proc.StopIn, with remoteProcs as its Namespace) over the same set (proc.Target.Members:
+// the leader, its group and session while anchored by a member proved alive as itself,
+// the processes carrying the marker, and every descendant of those), in the same order
 // (sig to the group and to each member outside it, a wait of timeout, then SIGKILL to
-// the survivors and to anything forked meanwhile, looked for again each round), and
+// the survivors and to anything forked meanwhile, looked for again each round), with
 // the same proof: every identity seen gone, its PID absent, a zombie, or another start
 // time. A signal reaches a PID only after the script inside has read that PID's start
 // time and found the recorded one. The instance's init (PID 1) is never a member. A
 // namespace that is no longer the instance's (it restarted) holds nothing: the stop
 // finds nothing and says so.
 func (p remoteProcs) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error) {
-	start := time.Now()
-	rep := proc.Report{Signal: sig}
-	done := func(err error) (proc.Report, error) {
-		rep.Elapsed = time.Since(start)
-		return rep, err
-	}
 	if err := t.Check(); err != nil {
-		return done(err)
+		return proc.Report{Signal: sig}, err
 	}
-	stats := map[proc.Identity]proc.Stat{}
-	first, err := p.snapshot(ctx, t, nil)
-	if err != nil {
-		return done(fmt.Errorf("stop %v in container %s: %w", t.Leader, p.r.Instance, err))
-	}
-	for _, s := range first {
-		stats[s.Identity()] = s
-		rep.Targets = append(rep.Targets, s.Identity())
-	}
-	if _, ok := stats[t.Leader]; !ok {
-		rep.LeaderGone = true
-	}
-	if len(first) == 0 {
-		return done(nil)
-	}
-	sendErr := p.send(ctx, t, first, sig)
-	pending, waitErr := p.waitGone(ctx, rep.Targets, timeout)
-	for _, id := range rep.Targets {
-		if !slices.Contains(pending, id) {
-			rep.Exited = append(rep.Exited, id)
-		}
-	}
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		rep.Survivors = pending
-		return done(fmt.Errorf("stop %v in container %s: %d of %d processes left after %s: %w", t.Leader, p.r.Instance, len(pending), len(rep.Targets), sig, ctxErr))
-	}
-	killWait := t.KillWait
-	if killWait <= 0 {
-		killWait = proc.DefaultKillWait
-	}
-	for round := 0; round <= 3; round++ {
-		more, err := p.snapshot(ctx, t, stats)
-		if err != nil {
-			rep.Survivors = pending
-			return done(fmt.Errorf("stop %v in container %s: %w", t.Leader, p.r.Instance, err))
-		}
-		for _, s := range more {
-			if _, ok := stats[s.Identity()]; !ok {
-				stats[s.Identity()] = s
-				rep.Targets = append(rep.Targets, s.Identity())
-				pending = append(pending, s.Identity())
-			}
-		}
-		if len(pending) == 0 {
-			break
-		}
-		victims := make([]proc.Stat, 0, len(pending))
-		for _, id := range pending {
-			victims = append(victims, stats[id])
-		}
-		sendErr = errors.Join(sendErr, p.send(ctx, t, victims, syscall.SIGKILL))
-		var left []proc.Identity
-		left, waitErr = p.waitGone(ctx, pending, killWait)
-		for _, id := range pending {
-			if !slices.Contains(left, id) {
-				rep.Killed = append(rep.Killed, id)
-			}
-		}
-		pending = left
-		if ctx.Err() != nil || len(pending) > 0 {
-			break
-		}
-	}
-	rep.Survivors = pending
-	if len(pending) == 0 {
-		return done(nil)
-	}
-	pids := make([]int, len(pending))
-	for i, id := range pending {
-		pids[i] = id.PID
-	}
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return done(fmt.Errorf("stop %v in container %s: %d processes left after SIGKILL: %s: %w", t.Leader, p.r.Instance, len(pending), p.describe(ctx, pids), ctxErr))
-	}
-	if cause := errors.Join(sendErr, waitErr); cause != nil {
-		return done(fmt.Errorf("stop %v in container %s: %w: %s (%w)", t.Leader, p.r.Instance, proc.ErrSurvived, p.describe(ctx, pids), cause))
-	}
-	return done(fmt.Errorf("stop %v in container %s: %w: %s", t.Leader, p.r.Instance, proc.ErrSurvived, p.describe(ctx, pids)))
+	return proc.StopIn(ctx, p, t, sig, timeout)
 }
 
-// snapshot returns the live processes inside that make up the target (see
-// proc.FS.Stop for why a group or session counts only while anchored).
-func (p remoteProcs) snapshot(ctx context.Context, t proc.Target, known map[proc.Identity]proc.Stat) ([]proc.Stat, error) {
+var _ proc.Namespace = remoteProcs{}
+
+// Where names the instance in a stop's errors.
+func (p remoteProcs) Where() string { return " in container " + p.r.Instance }
+
+// Describe names processes with their command lines, for a stop's errors.
+func (p remoteProcs) Describe(ctx context.Context, ids []proc.Identity) string {
+	pids := make([]int, len(ids))
+	for i, id := range ids {
+		pids[i] = id.PID
+	}
+	return p.describe(ctx, pids)
+}
+
+// Members returns the live processes inside that make up the target (see
+// proc.Target.Members for why a group or session counts only while anchored).
+func (p remoteProcs) Members(ctx context.Context, t proc.Target, known map[proc.Identity]proc.Stat) ([]proc.Stat, error) {
 	all, marked, err := p.all(ctx, t.Marker)
 	if err != nil {
 		return nil, err
@@ -130,9 +61,10 @@ func targetSet(all []proc.Stat, marked map[int]bool, t proc.Target, known map[pr
 	return t.Members(all, known, func(pid int) bool { return marked[pid] }, func(pid int) bool { return pid <= 1 })
 }
 
-// send delivers sig to the target's group (while a member is alive as itself) and to
-// every member of set outside it, each only while it is still that process.
-func (p remoteProcs) send(ctx context.Context, t proc.Target, set []proc.Stat, sig syscall.Signal) error {
+// Signal delivers sig to the target's group (while a member is alive as itself) and to
+// every member of set outside it, each only while it is still that process: the
+// script inside reads each PID's start time before it signals it.
+func (p remoteProcs) Signal(ctx context.Context, t proc.Target, set []proc.Stat, sig syscall.Signal) error {
 	args := []string{strconv.Itoa(int(sig)), strconv.Itoa(t.PGID)}
 	for _, s := range set {
 		g := "-"
@@ -149,9 +81,9 @@ func (p remoteProcs) send(ctx context.Context, t proc.Target, set []proc.Stat, s
 	return nil
 }
 
-// waitGone polls until every identity is gone, the wait d is over or ctx is done,
+// WaitGone polls until every identity is gone, the wait d is over or ctx is done,
 // and returns those still alive. A look that fails counts every one as alive.
-func (p remoteProcs) waitGone(ctx context.Context, ids []proc.Identity, d time.Duration) ([]proc.Identity, error) {
+func (p remoteProcs) WaitGone(ctx context.Context, _ proc.Target, ids []proc.Identity, d time.Duration, _ syscall.Signal) ([]proc.Identity, error) {
 	deadline := time.Now().Add(d)
 	pending := slices.Clone(ids)
 	for {

@@ -62,7 +62,7 @@ func TestIncusEnviron(t *testing.T) {
 	t.Parallel()
 	r := &Incus{}
 	got := r.environ(Spec{Env: map[string]string{"B": "x y", "PATH": "/opt/bin"}, Marker: "AGENT_SERVER=s#1"}, "/root")
-	want := "B=x y,HOME=/root,PATH=/opt/bin,AGENT_SERVER=s#1"
+	want := "B=x y,FLASHINFER_WORKSPACE_BASE=/root,HOME=/root,PATH=/opt/bin,TORCHINDUCTOR_CACHE_DIR=/root/.cache/torchinductor,TRITON_CACHE_DIR=/root/.cache/triton,AGENT_SERVER=s#1"
 	if strings.Join(got, ",") != want {
 		t.Errorf("environ = %q, want %q", got, want)
 	}

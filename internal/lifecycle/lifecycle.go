@@ -214,7 +214,7 @@ func (l *Lifecycle) Verify(ctx context.Context, x *Launched, o LaunchOptions) er
 	return nil
 }
 
-// HostPath is where the agent reads path, a file of the runner's place; path itself
+// HostPath is where the agent reads path, a file of its place; path itself
 // when it cannot be mapped (the read then fails with a clear error).
 func (l *Lifecycle) HostPath(ctx context.Context, path string) string {
 	if p, err := l.Place.HostPath(ctx, path); err == nil {
@@ -357,10 +357,10 @@ func (l *Lifecycle) probeHTTP(ctx context.Context, port int, path string, timeou
 	if err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	drain(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
+		return &statusError{path: path, code: resp.StatusCode}
 	}
 	return nil
 }
@@ -413,7 +413,7 @@ func (l *Lifecycle) StopIn(ctx context.Context, ns string, t proc.Target, sig sy
 }
 
 // ProcsIn observes and stops processes whose PIDs belong to the PID namespace ns: the
-// runner's own processes for "" (this host's), unless the runner tells namespaces
+// place's own processes for "" (this host's), unless the place tells namespaces
 // apart (Incus.ProcsIn).
 func (l *Lifecycle) ProcsIn(ctx context.Context, ns string) Procs {
 	if r, ok := l.Place.(interface {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -60,10 +61,36 @@ func (s Spec) Environ() []string {
 	return s.environOver(base)
 }
 
-// environOver returns base with the declared variables over it, as sorted KEY=VALUE
-// entries, then the marker (last, so that it is never sorted among them).
+// JITCacheEnv is where a server's just-in-time compilers keep their caches, under its
+// HOME, so that a relaunch, and a reboot, finds the kernels the last generation
+// compiled (minutes of a start). TorchInductor's default is
+// /tmp/torchinductor_<user> (torch/_inductor/runtime/cache_dir_utils.py), and Triton's,
+// under TorchInductor, <that>/triton/<device>: a transient unit may get a private /tmp,
+// and a reboot empties it. FlashInfer appends .cache/flashinfer to its base. vLLM's
+// (VLLM_CACHE_ROOT, ~/.cache/vllm) and SGLang's DeepGEMM cache (~/.cache/deep_gemm)
+// already follow HOME. These are defaults under the declared variables: only a declared
+// cache location is part of a server's identity.
+func JITCacheEnv(home string) map[string]string {
+	if home == "" {
+		return nil
+	}
+	return map[string]string{
+		"TRITON_CACHE_DIR":          filepath.Join(home, ".cache", "triton"),
+		"TORCHINDUCTOR_CACHE_DIR":   filepath.Join(home, ".cache", "torchinductor"),
+		"FLASHINFER_WORKSPACE_BASE": home,
+	}
+}
+
+// environOver returns base with the JIT caches under its HOME and the declared
+// variables over it, as sorted KEY=VALUE entries, then the marker (last, so that it is
+// never sorted among them).
 func (s Spec) environOver(base map[string]string) []string {
 	m := maps.Clone(base)
+	home := m["HOME"]
+	if h, ok := s.Env["HOME"]; ok {
+		home = h
+	}
+	maps.Copy(m, JITCacheEnv(home))
 	maps.Copy(m, s.Env)
 	out := make([]string, 0, len(m)+1)
 	for k, v := range m {
@@ -81,14 +108,14 @@ type Started struct {
 	// ID is the leader's PID and start time, read right after the start.
 	ID proc.Identity
 	// PGID and SID are the leader's process group and session (its own PID when the
-	// runner used Setsid).
+	// place used Setsid).
 	PGID, SID int
 	// NS names the PID namespace of ID, PGID and SID: "" for this host's; for a
-	// process of an instance the runner reaches only through Incus (on another
+	// process of an instance the agent reaches only through Incus (on another
 	// cluster member), the instance's own (Incus.Namespace). A record keeps it, so that
 	// its PIDs are never read in another namespace (Lifecycle.ProcsIn).
 	NS string
-	// Exited, when not nil, is closed once the runner has seen the leader exit;
+	// Exited, when not nil, is closed once the place has seen the leader exit;
 	// ExitStatus then says how ("exit status 1", "signal: killed").
 	Exited     <-chan struct{}
 	ExitStatus func() string

@@ -89,23 +89,50 @@ type Report struct {
 // by name. A leader that is already gone is not an error: its leftovers are
 // still stopped, and the report says so.
 func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout time.Duration) (Report, error) {
+	if err := fs.checkTarget(t); err != nil {
+		return Report{Signal: sig}, err
+	}
+	g, err := fs.guard(t)
+	if err != nil {
+		return Report{Signal: sig}, err
+	}
+	return StopIn(ctx, hostNamespace{fs: fs, guard: g}, t, sig, timeout)
+}
+
+// Namespace is what a stop needs from the processes of one PID namespace: this
+// host's /proc (FS.Stop), or an instance's own, read and signalled through Incus exec
+// (package lifecycle). StopIn is the one algorithm over either.
+type Namespace interface {
+	// Members returns the live processes that make up t now (Target.Members over
+	// the namespace's processes); known are those earlier looks of this stop found.
+	Members(ctx context.Context, t Target, known map[Identity]Stat) ([]Stat, error)
+	// Signal delivers sig to t's process group (while a member of it is verified
+	// alive as itself) and to every process of set outside it, each only while it is
+	// still that process.
+	Signal(ctx context.Context, t Target, set []Stat, sig syscall.Signal) error
+	// WaitGone polls until every identity is gone, the wait d (after sig) is over or
+	// ctx is done, and returns those still alive; one whose state cannot be read
+	// counts as alive.
+	WaitGone(ctx context.Context, t Target, ids []Identity, d time.Duration, sig syscall.Signal) ([]Identity, error)
+	// Describe names processes with what an operator needs about a survivor.
+	Describe(ctx context.Context, ids []Identity) string
+	// Where is said after the leader in errors: "" for this host, " in container NAME".
+	Where() string
+}
+
+// StopIn is Stop in the namespace ns, for a target t already checked (Target.Check,
+// and whatever else the namespace guards).
+func StopIn(ctx context.Context, ns Namespace, t Target, sig syscall.Signal, timeout time.Duration) (Report, error) {
 	start := time.Now()
 	rep := Report{Signal: sig}
 	done := func(err error) (Report, error) {
 		rep.Elapsed = time.Since(start)
 		return rep, err
 	}
-
-	if err := fs.checkTarget(t); err != nil {
-		return done(err)
-	}
-	g, err := fs.guard(t)
+	stop := "stop " + t.Leader.String() + ns.Where()
+	first, err := ns.Members(ctx, t, nil)
 	if err != nil {
-		return done(err)
-	}
-	first, err := fs.snapshot(t, g, nil)
-	if err != nil {
-		return done(fmt.Errorf("stop %v: %w", t.Leader, err))
+		return done(fmt.Errorf("%s: %w", stop, err))
 	}
 	stats := make(map[Identity]Stat, len(first))
 	for _, s := range first {
@@ -119,8 +146,8 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 		return done(nil)
 	}
 
-	sendErr := fs.send(t, first, sig)
-	pending, waitErr := fs.waitGone(ctx, rep.Targets, timeout, t.Leader, sig)
+	sendErr := ns.Signal(ctx, t, first, sig)
+	pending, waitErr := ns.WaitGone(ctx, t, rep.Targets, timeout, sig)
 	for _, id := range rep.Targets {
 		if !slices.Contains(pending, id) {
 			rep.Exited = append(rep.Exited, id)
@@ -128,7 +155,7 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		rep.Survivors = pending
-		return done(fmt.Errorf("stop %v: %d of %d processes left after %s: %w", t.Leader, len(pending), len(rep.Targets), sig, ctxErr))
+		return done(fmt.Errorf("%s: %d of %d processes left after %s: %w", stop, len(pending), len(rep.Targets), sig, ctxErr))
 	}
 
 	// Escalate, and look again each round: a member may have forked during
@@ -140,10 +167,10 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 		killWait = DefaultKillWait
 	}
 	for round := 0; round <= rescans; round++ {
-		more, err := fs.snapshot(t, g, stats)
+		more, err := ns.Members(ctx, t, stats)
 		if err != nil {
 			rep.Survivors = pending
-			return done(fmt.Errorf("stop %v: %w", t.Leader, err))
+			return done(fmt.Errorf("%s: %w", stop, err))
 		}
 		for _, s := range more {
 			if _, ok := stats[s.Identity()]; !ok {
@@ -159,9 +186,9 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 		for _, id := range pending {
 			victims = append(victims, stats[id])
 		}
-		sendErr = errors.Join(sendErr, fs.send(t, victims, syscall.SIGKILL))
+		sendErr = errors.Join(sendErr, ns.Signal(ctx, t, victims, syscall.SIGKILL))
 		var left []Identity
-		left, waitErr = fs.waitGone(ctx, pending, killWait, t.Leader, syscall.SIGKILL)
+		left, waitErr = ns.WaitGone(ctx, t, pending, killWait, syscall.SIGKILL)
 		for _, id := range pending {
 			if !slices.Contains(left, id) {
 				rep.Killed = append(rep.Killed, id)
@@ -177,13 +204,36 @@ func (fs FS) Stop(ctx context.Context, t Target, sig syscall.Signal, timeout tim
 		return done(nil)
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		return done(fmt.Errorf("stop %v: %d processes left after SIGKILL: %s: %w", t.Leader, len(pending), fs.describe(pending), ctxErr))
+		return done(fmt.Errorf("%s: %d processes left after SIGKILL: %s: %w", stop, len(pending), ns.Describe(ctx, pending), ctxErr))
 	}
 	if cause := errors.Join(sendErr, waitErr); cause != nil {
-		return done(fmt.Errorf("stop %v: %w: %s (%w)", t.Leader, ErrSurvived, fs.describe(pending), cause))
+		return done(fmt.Errorf("%s: %w: %s (%w)", stop, ErrSurvived, ns.Describe(ctx, pending), cause))
 	}
-	return done(fmt.Errorf("stop %v: %w: %s", t.Leader, ErrSurvived, fs.describe(pending)))
+	return done(fmt.Errorf("%s: %w: %s", stop, ErrSurvived, ns.Describe(ctx, pending)))
 }
+
+// hostNamespace is this host's /proc as a stop's Namespace, with the processes the
+// stop must never touch (the agent, its ancestors, PID 1) left out.
+type hostNamespace struct {
+	fs    FS
+	guard guard
+}
+
+func (h hostNamespace) Members(_ context.Context, t Target, known map[Identity]Stat) ([]Stat, error) {
+	return h.fs.snapshot(t, h.guard, known)
+}
+
+func (h hostNamespace) Signal(_ context.Context, t Target, set []Stat, sig syscall.Signal) error {
+	return h.fs.send(t, set, sig)
+}
+
+func (h hostNamespace) WaitGone(ctx context.Context, t Target, ids []Identity, d time.Duration, sig syscall.Signal) ([]Identity, error) {
+	return h.fs.waitGone(ctx, ids, d, t.Leader, sig)
+}
+
+func (h hostNamespace) Describe(_ context.Context, ids []Identity) string { return h.fs.describe(ids) }
+
+func (hostNamespace) Where() string { return "" }
 
 // describe names each process with its state and command line, which is
 // what an operator needs to decide what to do about a survivor.

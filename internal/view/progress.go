@@ -2,6 +2,7 @@ package view
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -9,45 +10,73 @@ import (
 	"github.com/agent-dev/agent/internal/bytesize"
 )
 
-// WorkProgress draws where a long step stands (agent.Progress: a download's bytes, rate
+// WorkProgress shows where a long step stands (agent.Progress: a download's bytes, rate
 // and ETA). On a terminal (View.Term) it draws one bar per file in flight and a total,
-// redrawn in place, and at the end erases them and prints one line: what is in place,
-// how long it took, at what rate. Without a terminal it draws nothing.
+// per resource at work, as one block redrawn in place below the report's lines (which
+// it moves out of their way), and at the end of a resource's work replaces its bars with
+// one line: what is in place, how long it took, at what rate. Elsewhere (a file, a pipe,
+// the journal) it prints no escape code: a line on W every ProgressEvery of the work
+// (ProgressLines), and the closing line if it printed one.
 func (v *View) WorkProgress(p agent.Progress) {
 	if v.Term == nil {
+		if line, ok := v.lines.line(p, v.ProgressEvery); ok && p.Final {
+			v.printf("  %s: %s\n", p.Addr, line)
+		} else if ok {
+			v.Progress(p.Addr, line)
+		}
 		return
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.bars == nil {
-		v.bars = map[string]int{}
-	}
+	i := slices.IndexFunc(v.bars, func(b agent.Progress) bool { return b.Addr == p.Addr })
 	if p.Final {
-		v.erase(p.Addr)
-		if p.Done > 0 {
-			el := p.Elapsed
-			fmt.Fprint(v.Term, v.Redact.String(fmt.Sprintf("  %s: %s in place (%s, %s/s)\n", p.Addr, bytesize.Format(p.Done),
-				el.Round(time.Second), bytesize.Format(int64(float64(p.Done)/max(el.Seconds(), 0.001))))))
+		if i >= 0 {
+			v.bars = slices.Delete(v.bars, i, i+1)
 		}
+		v.redraw(func(b *strings.Builder) {
+			if p.Done > 0 {
+				fmt.Fprintf(b, "  %s: %s\n", p.Addr, inPlace(p))
+			}
+		})
 		return
 	}
-	v.draw(p)
+	if i >= 0 {
+		v.bars[i] = p
+	} else {
+		v.bars = append(v.bars, p)
+	}
+	v.redraw(nil)
 }
 
 const barWidth = 24
 
-// draw redraws one line per file in flight and a total line in place. v.mu is held.
-func (v *View) draw(p agent.Progress) {
+// redraw erases the block of bars, writes what above writes (a line that must stay on
+// the terminal), and draws the block again, all in one write. v.mu is held.
+func (v *View) redraw(above func(*strings.Builder)) {
 	var b strings.Builder
-	drawn := v.bars[p.Addr]
-	if drawn > 0 {
-		fmt.Fprintf(&b, "\x1b[%dA", drawn)
+	if v.drawn > 0 {
+		fmt.Fprintf(&b, "\x1b[%dA\r\x1b[J", v.drawn)
 	}
+	if above != nil {
+		above(&b)
+	}
+	v.drawn = 0
+	for _, p := range v.bars {
+		v.drawn += drawBars(&b, p)
+	}
+	if b.Len() > 0 {
+		fmt.Fprint(v.Term, v.Redact.String(b.String()))
+	}
+}
+
+// drawBars writes one line per file of p in flight (at most 8) and its total line, and
+// returns how many lines it wrote.
+func drawBars(b *strings.Builder, p agent.Progress) int {
 	lines := 0
 	const maxShown = 8
 	for i, f := range p.Files {
 		if i == maxShown {
-			fmt.Fprintf(&b, "\r\x1b[2K    … and %d more files\n", len(p.Files)-maxShown)
+			fmt.Fprintf(b, "    … and %d more files\n", len(p.Files)-maxShown)
 			lines++
 			break
 		}
@@ -59,28 +88,11 @@ func (v *View) draw(p agent.Progress) {
 		if f.Verifying {
 			verb = " verifying"
 		}
-		fmt.Fprintf(&b, "\r\x1b[2K    %-40s %s %s%s\n", name, bar(f.Done, f.Total), amounts(f.Done, f.Total, f.Rate, f.ETA), verb)
+		fmt.Fprintf(b, "    %-40s %s %s%s\n", name, bar(f.Done, f.Total), amounts(f.Done, f.Total, f.Rate, f.ETA), verb)
 		lines++
 	}
-	fmt.Fprintf(&b, "\r\x1b[2K  %-42s %s %s\n", p.Addr, bar(p.Done, p.Total), amounts(p.Done, p.Total, p.Rate, p.ETA))
-	lines++
-	for i := lines; i < drawn; i++ {
-		b.WriteString("\r\x1b[2K\n")
-	}
-	if drawn > lines {
-		fmt.Fprintf(&b, "\x1b[%dA", drawn-lines)
-	}
-	v.bars[p.Addr] = lines
-	fmt.Fprint(v.Term, v.Redact.String(b.String()))
-}
-
-// erase removes addr's bars. v.mu is held.
-func (v *View) erase(addr string) {
-	if v.bars[addr] == 0 {
-		return
-	}
-	fmt.Fprintf(v.Term, "\x1b[%dA\r\x1b[J", v.bars[addr])
-	delete(v.bars, addr)
+	fmt.Fprintf(b, "  %-42s %s %s\n", p.Addr, bar(p.Done, p.Total), amounts(p.Done, p.Total, p.Rate, p.ETA))
+	return lines + 1
 }
 
 func bar(done, total int64) string {

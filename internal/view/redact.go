@@ -37,7 +37,7 @@ func (r *Redactor) String(s string) string {
 // The redactor can be swapped (a reloaded plan has other secrets); loggers derived with
 // With share it. It is also the log's view of the engine's data: an attribute holding a
 // diff's changes ([]agent.Change, the engine's "applying" line) is written as
-// LogChanges, one line in a text log and --json's change objects in a JSON log.
+// LogChanges: each change its own structured attribute, in text and JSON logs alike.
 type RedactingHandler struct {
 	next slog.Handler
 	r    *atomic.Pointer[Redactor]
@@ -101,7 +101,7 @@ func hasChanges(rec slog.Record) bool {
 func redactAttr(r *Redactor, a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	if c, ok := v.Any().([]agent.Change); ok {
-		v = slog.AnyValue(LogChanges(c))
+		v = slog.AnyValue(LogChanges(c)).Resolve() // a group, redacted below
 	}
 	if r == nil {
 		return slog.Attr{Key: a.Key, Value: v}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -220,7 +221,9 @@ func TestFleetRandomKills(t *testing.T) {
 				x := h.hosts[rng.Intn(len(h.hosts))]
 				x.kill()
 				n++
-				time.Sleep(time.Duration(100+rng.Intn(900)) * time.Millisecond)
+				pause := time.Duration(100+rng.Intn(900)) * time.Millisecond
+				t.Logf("%s: SIGKILLed %s's agent, starting it again in %s", time.Now().Format(time.StampMilli), x.name, pause)
+				time.Sleep(pause)
 				h.start(x)
 			}
 		}()
@@ -242,3 +245,27 @@ func TestFleetRandomKills(t *testing.T) {
 }
 
 func (x *host) runsFunc(mem string) func() bool { return func() bool { return x.runs(mem) } }
+
+// `agent apply` takes the same permits as `agent run`: one host applies by hand while
+// another host's loop holds the permit; the apply waits for it (naming it), then goes.
+func TestFleetApplySharesPermits(t *testing.T) {
+	h := newHarness(t, 1, 3, 3*time.Second, "3s")
+	h.deploy("0.80")
+	manual := h.hosts[0]
+	manual.kill() // this host is driven by hand now
+	s := startSampler(h.hosts)
+	h.writePlan("0.85")
+	holder := h.holder("a loop holds the permit", func(x *host) bool { return x != manual })
+	cmd := exec.Command(h.agentBin, "apply", h.planDir, "-var-file", manual.varFile, "--state-dir", manual.state)
+	cmd.Env = append(os.Environ(), "HOME="+h.work)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("agent apply: %v\n%s", err, out)
+	}
+	t.Logf("agent apply on %s:\n%s", manual.name, out)
+	if !strings.Contains(string(out), "rollout: waiting for the group") || !strings.Contains(string(out), "on "+holder.name) {
+		t.Errorf("the apply did not wait for %s's permit:\n%s", holder.name, out)
+	}
+	h.converged("0.85", 3*time.Minute)
+	s.check(t, 1)
+}

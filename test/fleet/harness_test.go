@@ -22,6 +22,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/agent-dev/agent/docs/schema"
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/coord/etcdtest"
 	"github.com/agent-dev/agent/internal/testbin"
@@ -90,6 +91,9 @@ func newHarness(t *testing.T, members, n int, lease time.Duration, settle string
 		x.state = filepath.Join(h.work, x.name, "state")
 		x.logs = filepath.Join(h.work, x.name, "logs")
 		x.logFile = filepath.Join(h.work, x.name, "agent.log")
+		if keep := os.Getenv("FLEET_LOGS"); keep != "" { // bench/fleet.sh keeps them
+			x.logFile = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"), x.name+".log")
+		}
 		if err := os.MkdirAll(filepath.Dir(x.logFile), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -365,10 +369,12 @@ type sampler struct {
 	mu     sync.Mutex
 	peak   int
 	peakAt string
-	downs  map[string]int
-	n      int
-	stop   chan struct{}
-	done   chan struct{}
+	// peakTime is when the peak was seen: the agents' logs around it explain it.
+	peakTime time.Time
+	downs    map[string]int
+	n        int
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 func startSampler(hosts []*host) *sampler {
@@ -404,7 +410,7 @@ func startSampler(hosts []*host) *sampler {
 				s.downs[d]++
 			}
 			if known && len(down) > s.peak {
-				s.peak, s.peakAt = len(down), fmt.Sprintf("%v at %s", down, time.Now().Format(time.StampMilli))
+				s.peak, s.peakAt, s.peakTime = len(down), fmt.Sprintf("%v at %s", down, time.Now().Format(time.StampMilli)), time.Now()
 			}
 			s.mu.Unlock()
 			select {
@@ -432,6 +438,9 @@ func (s *sampler) check(t *testing.T, limit int) int {
 	t.Logf("sampler: %d samples every 100 ms, down samples per host %v, most down at once %d (%s)", n, downs, peak, at)
 	if peak > limit {
 		t.Errorf("%d servers of the group were down at once (%s); max_unavailable is %d", peak, at, limit)
+		for _, x := range s.hosts {
+			t.Logf("--- %s's agent log from 6 s before to 2 s after:\n%s", x.name, around(x.log(), s.peakTime))
+		}
 	}
 	return peak
 }
@@ -530,5 +539,24 @@ func (h *harness) fleetStatus(x *host) (map[string]any, string) {
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
 		h.t.Fatalf("agent status --fleet --json: %v\n%s", err, out.String())
 	}
+	if err := schema.Validate(out.Bytes()); err != nil {
+		h.t.Errorf("agent status --fleet --json does not match docs/schema: %v\n%s", err, out.String())
+	}
 	return doc, out.String()
+}
+
+// around is the log's lines from 6 s before t to 2 s after.
+func around(log string, t time.Time) string {
+	var out []string
+	for _, line := range strings.Split(log, "\n") {
+		ts, _, ok := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if !ok || err != nil {
+			continue
+		}
+		if at.After(t.Add(-6*time.Second)) && at.Before(t.Add(2*time.Second)) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,0 +1,147 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/coord/etcdtest"
+	"github.com/agent-dev/agent/internal/view"
+)
+
+func client(t *testing.T, cl *etcdtest.Cluster, host string, readOnly bool) *coord.Client {
+	t.Helper()
+	c, err := coord.Open(coord.Config{Endpoints: cl.Endpoints(), Prefix: "/agent/t", Lease: 2 * time.Second, Host: host, ReadOnly: readOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if !readOnly {
+		waitFor(t, "a lease", func() bool { _, _, _, err := c.LeaseState(); return err == nil })
+	}
+	return c
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 30 s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func group(t *testing.T, c *coord.Client) coord.Group {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	gs, err := c.Rollouts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gs {
+		if g.Name == "qwen" {
+			return g
+		}
+	}
+	return coord.Group{Name: "qwen"}
+}
+
+// Marks reach etcd in the background, survive a new lease (etcd down past the lease:
+// the old keys are gone, the marks are written again), and go when released.
+func TestPermitsRewriteMarksUnderANewLease(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	c, view := client(t, cl, "kpro5", false), client(t, cl, "viewer", true)
+	p := NewPermits(c, nil)
+	defer p.Close()
+	p.Mark("qwen", "server.qwen", "gone")
+	waitFor(t, "the mark in etcd", func() bool { g := group(t, view); return len(g.Permits) == 1 && g.Permits[0].Why == "gone" })
+	_, _, gen, _ := c.LeaseState()
+	cl.StopAll()
+	waitFor(t, "the lease lapses", func() bool { _, _, _, err := c.LeaseState(); return err != nil })
+	time.Sleep(3 * time.Second) // past the TTL at etcd too, once it is back
+	cl.RestartAll()
+	waitFor(t, "the mark under a live lease", func() bool {
+		_, _, g, err := c.LeaseState()
+		ps := group(t, view).Permits
+		return err == nil && len(ps) == 1 && ps[0].Host == "kpro5" && (g > gen || ps[0].Why == "gone")
+	})
+	p.Release("server.qwen")
+	waitFor(t, "the release", func() bool { return len(group(t, view).Permits) == 0 })
+	if p.Held() {
+		t.Error("Held after the release")
+	}
+}
+
+// A failure stops the group until the member is released; a stop and a permit an
+// earlier process of this host left are dropped once this one finds the member healthy.
+func TestPermitsFailAndWhatAnEarlierProcessLeft(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	view := client(t, cl, "viewer", true)
+	first := client(t, cl, "kpro5", false)
+	p := NewPermits(first, nil)
+	ctx := context.Background()
+	if err := p.Take(ctx, "qwen", "server.qwen", "restart", 1); err != nil {
+		t.Fatal(err)
+	}
+	p.Fail("qwen", "server.qwen", "exited: CUDA out of memory")
+	p.Mark("qwen", "server.qwen", "failed: exited: CUDA out of memory")
+	waitFor(t, "the stop", func() bool {
+		g := group(t, view)
+		return g.Stop != nil && len(g.Permits) == 1 && g.Permits[0].State == coord.Failed
+	})
+
+	other := NewPermits(client(t, cl, "kpro6", false), nil)
+	defer other.Close()
+	err := other.Take(ctx, "qwen", "server.qwen", "restart", 5)
+	var ref *agent.FleetRefusal
+	if !errors.As(err, &ref) || !ref.Stopped || ref.Host != "kpro5" || ref.Reason != "exited: CUDA out of memory" {
+		t.Fatalf("another host's take: %v", err)
+	}
+
+	// The agent dies (its lease still runs); the next process finds the member healthy.
+	p.Close()
+	first.Abandon()
+	next := NewPermits(client(t, cl, "kpro5", false), nil)
+	defer next.Close()
+	next.Release("server.qwen")
+	waitFor(t, "the earlier process's permit and stop dropped", func() bool { g := group(t, view); return g.Stop == nil && len(g.Permits) == 0 })
+	if err := other.Take(ctx, "qwen", "server.qwen", "restart", 1); err != nil {
+		t.Fatalf("after the repair: %v", err)
+	}
+}
+
+// The summary a host publishes, and the fleet view a lapsed host leaves.
+func TestPublishAndRead(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	c, viewer := client(t, cl, "kpro5", false), client(t, cl, "viewer", true)
+	rep := &agent.Report{Steps: []*agent.Step{
+		{Addr: "server.qwen", Status: &agent.Status{Healthy: true, Summary: "running, ready, generation 4"}},
+		{Addr: "file.token", Status: &agent.Status{Summary: "differs"}, Err: errors.New("file.token: write hunter22: permission denied")},
+	}}
+	inFlight := map[string]agent.InFlightMember{"server.qwen": {Group: "qwen", Action: "restart", Since: time.Unix(1700000000, 0).UTC()}}
+	sum := SummaryOf("kpro5", "1.2.3", rep, inFlight, view.NewRedactor([]string{"hunter22"}))
+	if sum.Healthy || sum.Resources[1].Healthy || !sum.Resources[0].Healthy || strings.Contains(sum.Resources[1].Error, "hunter22") || !strings.Contains(sum.Resources[1].Error, "permission denied") {
+		t.Fatalf("summary %+v: unhealthy with the secret redacted expected", sum)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { Publish(ctx, c, nil, func() Summary { return sum }); close(done) }()
+	waitFor(t, "the host entry", func() bool {
+		st, err := Read(context.Background(), viewer)
+		return err == nil && len(st.Hosts) == 1 && st.Hosts[0].Reachable && st.Hosts[0].Summary != nil && len(st.Hosts[0].Summary.Rollouts) == 1
+	})
+	cancel()
+	<-done
+	c.Abandon()
+	waitFor(t, "the host unreachable", func() bool {
+		st, err := Read(context.Background(), viewer)
+		return err == nil && len(st.Hosts) == 1 && !st.Hosts[0].Reachable && st.Degraded() && st.Hosts[0].Summary.Host == "kpro5"
+	})
+}
