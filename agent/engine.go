@@ -58,6 +58,9 @@ type Options struct {
 	// Probe is passed to resources as Env.Probe: status runs its costly probes
 	// (`agent status --smoke`).
 	Probe bool
+	// Loop is passed to resources as Env.Loop: the reconcile loop (`agent run`) runs
+	// this engine, not a person's plan or apply.
+	Loop bool
 	// Hold, when set, is asked before each resource is observed and again right before it
 	// is acted on; a non-nil error fails the step with that error without touching the
 	// resource (and skips its dependents). The reconcile loop uses it for per-resource
@@ -72,6 +75,10 @@ type Options struct {
 	// step reports through its context (a long stop's progress) without the engine
 	// knowing what that is.
 	StepContext func(ctx context.Context, addr string) context.Context
+	// FingerprintKey, when set, makes Plan fingerprint every observation (Step.Fingerprint)
+	// with digests keyed by it: the state directory's key, for a saved plan (agent plan
+	// -out; agent/saved.go).
+	FingerprintKey []byte
 }
 
 // Engine runs a bound plan against the host.
@@ -98,6 +105,9 @@ type Engine struct {
 	// (nil when the plan has no group).
 	groupOf  map[string]*plans.RolloutGroup
 	rollouts *Rollouts
+	// saved is the saved plan an ApplySaved applies: each step's observation must still
+	// match its fingerprint (nil otherwise).
+	saved *savedRun
 }
 
 // Bind binds every resource of a loaded plan to its kind. It touches nothing on the host,
@@ -218,7 +228,7 @@ func (e *Engine) Order() []string {
 
 // env is what addr's Apply, Finish, Status and Watch get: its own record, writable.
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, OnProgress: e.opts.Progress}
+	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, Loop: e.opts.Loop, OnProgress: e.opts.Progress}
 }
 
 // observeEnv is what addr's Check gets: its own record, read-only. What the observation
@@ -296,7 +306,19 @@ func (e *Engine) check(ctx context.Context, addr string) (*Diff, error) {
 // update is kept (keep), and a rollout group member's observation is counted (and
 // verifies a member in flight).
 func (e *Engine) observe(ctx context.Context, addr string) (*Diff, error) {
+	return e.observeVetted(ctx, addr, nil)
+}
+
+// observeVetted is observe with vet, when not nil, asked about the diff before anything
+// of it is kept: a saved plan's step refuses an observation that no longer matches its
+// fingerprint without writing even its record.
+func (e *Engine) observeVetted(ctx context.Context, addr string, vet func(*Diff) error) (*Diff, error) {
 	d, err := e.check(ctx, addr)
+	if err == nil && vet != nil {
+		if err = vet(d); err != nil {
+			d = nil
+		}
+	}
 	if err == nil {
 		if err = e.keep(addr, d); err != nil {
 			d = nil
@@ -362,6 +384,9 @@ type Step struct {
 	// Finished describes the break work this apply finished after the resource's
 	// dependents verified (Finisher): a migrated container's old instance deleted.
 	Finished string
+	// Fingerprint is what the plan's observation was decided from (plan runs with
+	// Options.FingerprintKey only): what a saved plan is bound to.
+	Fingerprint *Fingerprint
 }
 
 // Skipped reports whether the step did not run because a dependency failed, or because
@@ -433,6 +458,10 @@ func (e *Engine) Plan(ctx context.Context) *Report {
 		st := byAddr[addr]
 		start := time.Now()
 		st.Diff, st.Err = e.check(ctx, addr)
+		if st.Err == nil && e.opts.FingerprintKey != nil {
+			fp, err := e.fingerprint(addr, st.Diff)
+			st.Fingerprint, st.Err = &fp, err
+		}
 		st.Duration = time.Since(start)
 	})
 	if e.rollouts != nil {
@@ -574,7 +603,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 			return err
 		}
 	}
-	d, err := e.observe(ctx, addr)
+	d, err := e.observeVetted(ctx, addr, e.saved.vet(e, addr))
 	st.Diff = d
 	if err != nil {
 		return err
@@ -638,6 +667,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 		return err
 	}
 	st.Applied, st.Unfinished = true, after.Unfinished
+	e.saved.applied(addr)
 	e.log.Info("applied and verified", "resource", addr, "action", string(d.Action))
 	return nil
 }

@@ -50,6 +50,10 @@ type Env struct {
 	// test: a real completion of up to max_tokens). Off by default, so that status and
 	// every pass of the reconcile loop stay cheap; `agent status --smoke` sets it.
 	Probe bool
+	// Loop is set when the reconcile loop (`agent run`) runs the step, unattended: a
+	// kind does not try again on its own what it recorded as rejected (a server's change
+	// that failed and was rolled back), while a person's `agent apply` tries it once more.
+	Loop bool
 	// OnProgress receives what the resource reports through Progress, with Addr set
 	// (the engine passes Options.Progress; nil: nobody listens).
 	OnProgress func(Progress)

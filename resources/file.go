@@ -135,6 +135,9 @@ type fileDetail struct {
 	uid     int // -1: leave
 	gid     int
 	remove  bool
+	// seen is the content found on the host, as a hash ("" when there was none): what a
+	// saved plan's fingerprint binds it to (file_fingerprint.go).
+	seen string
 }
 
 // Check observes the file and compares it with the plan.
@@ -210,6 +213,7 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 	if err != nil {
 		return nil, err
 	}
+	det.seen = contentHash(have)
 	if !bytes.Equal(have, want) {
 		det.write = true
 		c := agent.Change{Attr: "content", HasOld: true, HasNew: true,
@@ -242,10 +246,7 @@ func (f *File) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
 			det.gid = int(sys.Gid)
 		}
 	}
-	if len(d.Changes) == 0 {
-		return agent.NoChange(), nil
-	}
-	return d.Derive(), nil
+	return d.Derive(), nil // no changes: a no-op that keeps what it saw
 }
 
 // Apply writes, re-permissions, re-owns or removes the file as Check decided.

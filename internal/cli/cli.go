@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/savedplan"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
@@ -45,7 +47,10 @@ const usage = `agent: declarative provisioning for GPU inference hosts
 Usage:
   agent validate PLAN     parse and type-check a plan (no host access)
   agent plan PLAN         show what apply would change (exit 0 none, 2 changes, 1 error)
+  agent plan -out FILE PLAN  also save it: the diff and what it observed, for apply FILE
   agent apply PLAN        apply the plan in dependency order, verifying every step
+  agent apply FILE        apply exactly a saved plan, if the host and plan still match it
+  agent show FILE         print a saved plan as agent plan did (no host access)
   agent status PLAN       live state of every resource (exit 0 healthy, 3 degraded)
   agent destroy PLAN      stop and remove everything the plan manages, dependents first, verified
   agent run PLAN          the reconcile loop, as a systemd service (docs/service.md)
@@ -88,6 +93,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return runDaemon(ctx, rest, stdout, stderr)
 	case "fmt":
 		return runFmt(rest, stdout, stderr)
+	case "show":
+		return runShow(rest, stdout, stderr)
 	case "export":
 		return runExport(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
@@ -130,6 +137,7 @@ type options struct {
 	allowDelAll   bool
 	smoke         bool
 	fleet         bool
+	out           string
 }
 
 // parseInterleaved parses flags that may come before or after positional arguments, as
@@ -198,6 +206,9 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 			f.apply()
 		}
 	}
+	if cmd == "plan" {
+		fs.StringVar(&o.out, "out", "", "`FILE`: also save the plan, bound to what it observed, for agent apply FILE (0600)")
+	}
 	o.parallelism = max(o.parallelism, 1) // validate has no --parallelism
 	if cmd == "status" {
 		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
@@ -226,9 +237,26 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "agent %s: %v\n", cmd, err)
 		return exitUsage
 	}
+	planPath := pos[0]
+	var saved *savedplan.File
+	if cmd == "apply" && savedplan.Sniff(planPath) {
+		f, usage, err := openSaved(planPath, fs, &o)
+		switch {
+		case usage:
+			fmt.Fprintf(stderr, "agent apply: %v\n", err)
+			return exitUsage
+		case err != nil && o.json:
+			view.WriteJSON(stdout, view.ErrorJSON(cmd, err.Error()))
+			return ExitError
+		case err != nil:
+			fmt.Fprintf(stderr, "agent apply: %v\n", err)
+			return ExitError
+		}
+		saved, planPath = f, f.Source.Path
+	}
 
 	kinds := resources.Kinds()
-	p, diags := loadPlan(pos[0], o, kinds)
+	p, diags := loadPlan(planPath, o, kinds)
 	var secrets []string
 	if p != nil {
 		secrets = p.Secrets()
@@ -293,6 +321,12 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if !o.json {
 		progress = human.WorkProgress
 	}
+	var key []byte // the digests' key of a saved plan
+	if saved != nil || o.out != "" {
+		if key, err = store.PlanKey(); err != nil {
+			return fail(err)
+		}
+	}
 	eng, err := agent.New(p, kinds, store, agent.Options{
 		Progress:      progress,
 		Parallelism:   o.parallelism,
@@ -307,6 +341,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		Probe:          o.smoke,
 		StepContext:    stopProgress(cmd, o.json, human),
 		Rollouts:       rollouts,
+		FingerprintKey: key,
 	})
 	if err != nil {
 		return fail(err)
@@ -322,10 +357,24 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	switch cmd {
 	case "plan":
 		rep := eng.Plan(ctx)
+		doc := view.JSON(cmd, rep, red)
+		var text bytes.Buffer
+		(&view.View{W: &text, Redact: red}).Plan(rep)
 		if o.json {
-			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
+			view.WriteJSON(stdout, doc)
 		} else {
-			human.Plan(rep)
+			stdout.Write(text.Bytes())
+		}
+		if o.out != "" {
+			f, err := savePlan(rep, p, pos[0], o, store, key, text.String(), doc)
+			if err != nil {
+				fmt.Fprintf(stderr, "agent plan: %s\n", red.String(err.Error()))
+				return ExitError
+			}
+			if !o.json {
+				fmt.Fprintf(stdout, "\nSaved this plan to %s (0600). Review it with `agent show %s`; apply exactly it with `agent apply %s`.\n", o.out, o.out, o.out)
+			}
+			log.Info("plan saved", "file", o.out, "id", f.ID)
 		}
 		switch {
 		case rep.Failed():
@@ -339,7 +388,17 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		if !o.json {
 			onEvent = human.ApplyEvent
 		}
-		rep := eng.Apply(ctx, onEvent)
+		var rep *agent.Report
+		if saved != nil {
+			if rep, err = applySaved(ctx, eng, saved, pos[0], p, o, store, key, human); rep == nil {
+				return fail(err)
+			} else if err != nil {
+				// Applied, but its outcome could not be recorded: the id was, as started.
+				log.Error("record the saved plan's outcome", "err", err)
+			}
+		} else {
+			rep = eng.Apply(ctx, onEvent)
+		}
 		if o.json {
 			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
 		} else {

@@ -114,9 +114,9 @@ file "motd" {
 // shipped schema (docs/schema/output-v3.json) and equal, normalized, to its golden file
 // in testdata/json (go test ./internal/cli -run TestJSONOutput -update rewrites them):
 // validate (valid and not), plan, apply, status (observed here, and answered by a
-// running `agent run`, whose /status is checked too), destroy, and the error documents of
-// an invalid plan, a lock held by another agent, a lock held by `agent run`, and a plan
-// guarded for another host. The planted secret appears in none of them.
+// running `agent run`, whose /status is checked too), destroy, a saved plan's show, and
+// the error documents of an invalid plan, a lock held by another agent, a lock held by
+// `agent run`, a plan guarded for another host and a saved plan the host no longer matches. The planted secret appears in none of them.
 func TestJSONOutput(t *testing.T) {
 	t.Parallel()
 	bin := testbin.Agent(t)
@@ -175,7 +175,21 @@ func TestJSONOutput(t *testing.T) {
 	check("plan_create", 2, "plan", "plan.hcl", sd)
 	check("apply_create", 0, "apply", "plan.hcl", sd)
 	check("status", 0, "status", "plan.hcl", sd)
-	check("plan_restart", 2, "plan", "plan.hcl", sd, "-var", "token=hf_other_secret")
+	// Saved too (agent plan -out): show --json prints the same document, from the file.
+	check("plan_restart", 2, "plan", "plan.hcl", sd, "-var", "token=hf_other_secret", "-out", "restart.plan")
+	check("plan_restart", 0, "show", "restart.plan")
+	if b, err := os.ReadFile(filepath.Join(dir, "restart.plan")); err != nil || bytes.Contains(b, []byte("hf_other_secret")) || bytes.Contains(b, []byte("hf_planted_secret")) {
+		t.Errorf("the saved plan (%v) holds a secret:\n%s", err, b)
+	}
+	// It is refused once a managed file was edited by hand (then put back as it was).
+	motd := filepath.Join(dir, "root", "motd")
+	if err := os.WriteFile(motd, []byte("by hand\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("apply_saved_stale", 1, "apply", "restart.plan", "-var", "token=hf_other_secret")
+	if err := os.WriteFile(motd, []byte("hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	check("apply_failed", 1, "apply", "fail.hcl", "--state-dir="+filepath.Join(dir, "state-fail"))
 
 	// Another agent holds the lock.

@@ -54,7 +54,7 @@ func runDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		Interval:    *interval,
 		Listen:      *listen,
 		LockTimeout: o.lockTimeout,
-		Engine:      agent.Options{Parallelism: o.parallelism, HostOverride: o.hostOverride, NoDestructive: o.noDestructive, Targets: o.targets, Orphans: agent.OrphansByPlan},
+		Engine:      agent.Options{Parallelism: o.parallelism, HostOverride: o.hostOverride, NoDestructive: o.noDestructive, Targets: o.targets, Orphans: agent.OrphansByPlan, Loop: true},
 		Log:         log,
 		Version:     Version,
 		StartAttrs:  []slog.Attr{slog.Bool("servers_in_systemd_units", lifecycle.ServersInUnits())},

@@ -123,6 +123,8 @@ type Daemon struct {
 
 	// stopping is set on SIGTERM: no new step starts.
 	stopping atomic.Bool
+	// observing: a live observation of the resources in flight runs (inflight.go).
+	observing atomic.Bool
 
 	mu       sync.Mutex
 	plan     *plans.Plan
@@ -180,6 +182,13 @@ type resState struct {
 	phase      string
 	phaseStart time.Time
 	phaseLimit time.Duration
+	// The action in flight (create, restart, …; "" when none), since when, and its
+	// status observed meanwhile (inflight.go).
+	action      string
+	actionStart time.Time
+	live        *agent.Step
+	liveAt      time.Time
+	progress    *agent.Progress // the action's latest progress (a download), if it reports any
 
 	watchID     int
 	watchCancel context.CancelFunc

@@ -18,12 +18,17 @@ import (
 )
 
 // handleStatus answers the same document as `agent status --json`, from the loop's latest
-// observations (nothing is observed for the request, no engine is built), plus the state
+// observations (nothing is observed while the request waits, no engine is built; a
+// resource whose step is in flight is observed after it, inflight.go), plus the state
 // directory so `agent status` can tell whether this daemon manages its plan. Each
 // resource's fields add what the loop knows: when it was last reconciled, since when it
 // is down, its repairs, its next try and its recent failures (a crash loop's quote of
 // each generation's log).
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
+	if d.observing.CompareAndSwap(false, true) {
+		// In the background: /status answers at once with the last live observation.
+		go func() { defer d.observing.Store(false); d.observeInFlight(d.work) }()
+	}
 	rep, p := d.report()
 	if rep == nil {
 		http.Error(w, "starting\n", http.StatusServiceUnavailable)
@@ -234,8 +239,19 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 			labels, values = append(labels, "member"), append(values, s.member)
 		}
 		desc := prometheus.NewDesc("agent_"+s.kind+"_"+s.key, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", labels, nil)
-		if m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, s.value, values...); err == nil {
+		if m, err := prometheus.NewConstMetric(desc, statusValueType(s.key), s.value, values...); err == nil {
 			ch <- m
 		}
 	}
+}
+
+// statusValueType is how a status number is exported: a key ending in _total is a count
+// the resource keeps in its own record across agent restarts (a server's reverts), so it
+// only grows and is a counter (increase() works on it, as Prometheus' naming promises);
+// every other key is a gauge.
+func statusValueType(key string) prometheus.ValueType {
+	if strings.HasSuffix(key, "_total") {
+		return prometheus.CounterValue
+	}
+	return prometheus.GaugeValue
 }

@@ -93,6 +93,11 @@ func (d *Daemon) withStopProgress(ctx context.Context, addr string) context.Cont
 // time, with its figures as attributes, and its closing line if it logged one: the
 // journal is not an hour of silence, nor a line every 250 ms.
 func (d *Daemon) logProgress(p agent.Progress) {
+	d.mu.Lock()
+	if rs := d.res[p.Addr]; rs != nil && rs.action != "" && !p.Final {
+		rs.progress = &p // /status says where it stands (inflight.go)
+	}
+	d.mu.Unlock()
 	line, ok := d.progress.Line(p)
 	if !ok {
 		return

@@ -37,3 +37,26 @@ func TestStatusMetricsMemberLabel(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusMetricsCounters: a status number whose key ends in _total (a server's
+// reverts, kept in its record) is exported as a counter, every other one as a gauge.
+func TestStatusMetricsCounters(t *testing.T) {
+	c := &statusCollector{}
+	c.set("server.qwen", []statusSample{
+		{kind: "server", key: "reverts_total", name: "qwen", value: 2},
+		{kind: "server", key: "rolled_back", name: "qwen", value: 1},
+	})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	types := map[string]string{}
+	for _, mf := range mfs {
+		types[mf.GetName()] = mf.GetType().String()
+	}
+	if types["agent_server_reverts_total"] != "COUNTER" || types["agent_server_rolled_back"] != "GAUGE" {
+		t.Errorf("types %v, want agent_server_reverts_total a COUNTER and agent_server_rolled_back a GAUGE", types)
+	}
+}

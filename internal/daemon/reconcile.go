@@ -279,6 +279,10 @@ func (d *Daemon) notePhase(addr, what string, limit time.Duration) {
 	defer d.mu.Unlock()
 	if rs := d.res[addr]; rs != nil && rs.inFlight {
 		rs.phase, rs.phaseStart, rs.phaseLimit = what, time.Now(), limit
+		if _, ok := acting[what]; ok {
+			rs.action, rs.actionStart, rs.live, rs.liveAt, rs.progress = what, rs.phaseStart, nil, time.Time{}, nil
+			go d.publish() // /status and the metrics say it is acting now
+		}
 	}
 }
 
@@ -324,7 +328,7 @@ func (d *Daemon) backoff(n int) time.Duration {
 // finish records a reconcile's outcome and schedules the resource's next turn.
 func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
 	d.mu.Lock()
-	rs.inFlight, rs.phase = false, ""
+	rs.inFlight, rs.phase, rs.action, rs.live, rs.progress = false, "", "", nil, nil
 	now := time.Now()
 	was := rs.converged && rs.gen == gen // converged under this engine before this reconcile
 	if errors.Is(st.Err, ErrStopping) {

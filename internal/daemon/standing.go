@@ -160,19 +160,38 @@ func (d *Daemon) allConverged() bool {
 func (d *Daemon) stepFor(addr string, now time.Time) *agent.Step {
 	st := &agent.Step{Addr: addr}
 	rs := d.res[addr]
-	if rs == nil || rs.step == nil {
+	acting := rs != nil && rs.inFlight && rs.action != ""
+	if rs == nil || (rs.step == nil && !acting) {
 		st.Status = &agent.Status{Summary: "not observed yet"}
 		return st
 	}
-	st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
+	if rs.step != nil {
+		st.Diff, st.Err, st.Duration = rs.step.Diff, rs.step.Err, rs.step.Duration
+	}
 	var s agent.Status
 	if rs.status != nil && rs.status.Status != nil {
 		s = *rs.status.Status
 		s.Fields = slices.Clone(s.Fields)
 		s.Metrics = maps.Clone(s.Metrics)
 	}
-	if rs.status != nil && rs.status.Err != nil && st.Err == nil {
-		st.Err = rs.status.Err
+	var w *WaitingError
+	switch {
+	case acting:
+		// What happens now, not the last outcome (inflight.go).
+		st.Diff, st.Err = nil, nil
+		s = *inFlightStatus(rs, now)
+	case errors.As(st.Err, &w) && w.Cause == "":
+		// Waiting for a dependency that is on its way: not converged (exit 3), not an
+		// error of its own (exit 1); a dependency that failed keeps its error.
+		st.Err, s.Summary = nil, w.Error()
+	default:
+		if rs.converged && st.Err == nil && rs.step != nil && rs.step.Applied {
+			// Applied and verified: what stands now is no change, not the step's diff.
+			st.Diff = agent.NoChange()
+		}
+		if rs.status != nil && rs.status.Err != nil && st.Err == nil {
+			st.Err = rs.status.Err
+		}
 	}
 	if st.Err != nil || !rs.converged {
 		s.Healthy = false

@@ -34,15 +34,8 @@ type RolloutMember struct {
 func (s *Store) LoadRollouts() (map[string]RolloutMember, error) {
 	m := map[string]RolloutMember{}
 	p := filepath.Join(s.dir, rolloutsFile)
-	data, err := readTrusted(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", p, err)
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("%s is corrupt: %w (it lists the rollout members in flight; check that no server of a rollout group is down, then move it aside and re-run)", p, err)
+	if err := readMap(p, &m, "it lists the rollout members in flight; check that no server of a rollout group is down, then move it aside and re-run"); err != nil {
+		return nil, err
 	}
 	for addr := range m {
 		if !addrRE.MatchString(addr) {
@@ -56,6 +49,22 @@ func (s *Store) LoadRollouts() (map[string]RolloutMember, error) {
 // the file).
 func (s *Store) SaveRollouts(m map[string]RolloutMember) error {
 	return saveMap(filepath.Join(s.dir, rolloutsFile), m, len(m))
+}
+
+// readMap reads a map file of the state directory into m, leaving it alone when there
+// is none; a corrupt one is an error that says what the file is for (why).
+func readMap(p string, m any, why string) error {
+	data, err := readTrusted(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", p, err)
+	}
+	if err := json.Unmarshal(data, m); err != nil {
+		return fmt.Errorf("%s is corrupt: %w (%s)", p, err, why)
+	}
+	return nil
 }
 
 // saveMap writes a map file of the state directory atomically; n == 0 removes it.

@@ -67,6 +67,10 @@ func (l *ProgressLines) line(p agent.Progress, every time.Duration) (string, boo
 	return standing(p), true
 }
 
+// Standing is where work stands in words: "6.2 MiB of 24.0 MiB (25%), 1.2 MiB/s, ETA
+// 15s" (agent run's /status for a download in flight).
+func Standing(p agent.Progress) string { return standing(p) }
+
 // standing is where work stands in words: bytes done of the total, rate, ETA.
 func standing(p agent.Progress) string {
 	s := bytesize.Format(p.Done)
