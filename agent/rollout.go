@@ -135,8 +135,10 @@ func (r *Rollouts) observed(addr string, d *Diff, err error) {
 			changed = true
 		}
 	}
+	// The fleet is told every time (it writes only what changed): what it dropped or
+	// could not write is told again at the next observation.
+	r.tellFleet(addr)
 	if changed {
-		r.tellFleet(addr)
 		r.notify()
 	}
 }
@@ -269,6 +271,7 @@ func (r *Rollouts) prune(members map[string]*plans.RolloutGroup) error {
 	if err := r.load(); err != nil {
 		return err
 	}
+	r.keepFleet(members)
 	n := len(r.inFlight)
 	for a := range r.inFlight {
 		if members[a] == nil {
