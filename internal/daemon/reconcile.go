@@ -206,7 +206,7 @@ func (d *Daemon) process(addr string) {
 	if d.debugOn() {
 		d.log.Debug("reconciled", append([]any{"resource", addr}, verdict(st)...)...)
 	}
-	d.finish(eng, gen, addr, rs, st, now)
+	d.settle(eng, gen, addr, rs, st, now)
 }
 
 // terminalHeld observes a resource under a terminal hold (never acting) and reports
@@ -326,8 +326,8 @@ func (d *Daemon) backoff(n int) time.Duration {
 	return min(time.Duration(float64(w)*(0.8+0.4*rand.Float64())), hi)
 }
 
-// finish records a reconcile's outcome and schedules the resource's next turn.
-func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
+// settle records a reconcile's outcome and schedules the resource's next turn.
+func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
 	d.mu.Lock()
 	rs.inFlight, rs.phase, rs.action, rs.live, rs.progress = false, "", "", nil, nil
 	now := time.Now()
@@ -338,7 +338,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	}
 	if agent.IsRolloutWait(st.Err) {
 		// Its group is at max_unavailable: nothing was tried, so nothing failed and no
-		// backoff starts. It is queued again as soon as a member of its group finishes
+		// backoff starts. It is queued again as soon as a member of its group ends
 		// a reconcile (wakeRollout), and at its resync in any case.
 		rs.step, rs.converged, rs.gen, rs.done = st, false, gen, now
 		d.queue.AddAfter(addr, d.resync())
