@@ -47,6 +47,7 @@ variable "ready_timeout" { default = "15s" }
 variable "settle" { default = "1s" }
 variable "stop_timeout" { default = "1s" }
 variable "grace" { default = "5m" }
+variable "revert" { default = true }
 
 server "qwen" {
   command = [var.fake]
@@ -80,6 +81,7 @@ server "qwen" {
   }
   takeover = var.takeover
   log_dir  = var.logs
+  revert   = var.revert
 }
 `
 
@@ -283,7 +285,9 @@ func TestServerOOMReportedWithItsLogLine(t *testing.T) {
 	h := newSrvHarness(t)
 	mustOK(t, h.apply())
 	first := h.record()
-	st := h.apply("faults=oom")
+	// revert = false: the failed generation stays reported (server_revert_test.go has
+	// the rolled-back case).
+	st := h.apply("faults=oom", "revert=false")
 	if st.Err == nil {
 		t.Fatal("an OOM launch applied without error")
 	}
@@ -296,7 +300,7 @@ func TestServerOOMReportedWithItsLogLine(t *testing.T) {
 	if alive(first.id()) {
 		t.Error("generation 1 survived its relaunch")
 	}
-	s := h.status("faults=oom")
+	s := h.status("faults=oom", "revert=false")
 	mustOK(t, s)
 	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "2" {
 		t.Errorf("status = %+v", s.Status)
@@ -310,11 +314,11 @@ func TestServerStaleLogNeverShownAsCurrent(t *testing.T) {
 	h := newSrvHarness(t)
 	mustOK(t, h.apply())
 	// exit-on-start writes its traceback; a command that writes nothing is starker.
-	st := h.apply("fake=/bin/false")
+	st := h.apply("fake=/bin/false", "revert=false")
 	if st.Err == nil || !strings.Contains(st.Err.Error(), "has no line from this generation") {
 		t.Fatalf("apply: %v", st.Err)
 	}
-	s := h.status("fake=/bin/false")
+	s := h.status("fake=/bin/false", "revert=false")
 	mustOK(t, s)
 	if got := fieldOf(s.Status, "newest line"); !strings.Contains(got, "generation 2's log has no line") {
 		t.Errorf("newest line = %q", got)
