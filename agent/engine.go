@@ -505,7 +505,7 @@ var ErrDestructiveRefused = errors.New("destructive change refused by --no-destr
 // Apply walks the graph in dependency order. For each resource it checks the host afresh,
 // applies the diff when there is one, and checks again to verify. A failure skips the
 // resource's dependents (reported with the root cause) and lets independent resources
-// continue. onEvent, when not nil, is called as steps start and finish (serially).
+// continue. onEvent, when not nil, is called as steps start and end (serially).
 func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 	rep, byAddr := e.newReport()
 	var evMu sync.Mutex
@@ -550,7 +550,7 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 			}
 			defer func() {
 				<-run.slots
-				run.finish(addr, st.Err)
+				run.stepDone(addr, st.Err)
 				e.rollouts.poke()
 			}()
 		}

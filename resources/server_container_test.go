@@ -112,7 +112,7 @@ func (h *ctrSrvHarness) engine(withServer bool, vars ...string) *agent.Engine {
 		src += ctrSrvServer
 	}
 	vars = append([]string{"incus_socket=" + h.d.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	return testEngine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 }
 
 // step returns the server's step of a report.

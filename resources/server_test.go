@@ -140,7 +140,7 @@ func (h *srvHarness) logs() string { return filepath.Join(h.dir, "logs") }
 func (h *srvHarness) engine(vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, agent.Options{}, vars...)
+	return testEngine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 }
 
 func (h *srvHarness) plan(vars ...string) *agent.Step {
@@ -162,7 +162,7 @@ func (h *srvHarness) status(vars ...string) *agent.Step {
 func (h *srvHarness) probe(vars ...string) *agent.Step {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, agent.Options{Probe: true}, vars...).Status(context.Background()).Steps[0]
+	return testEngine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{Probe: true}, vars...).Status(context.Background()).Steps[0]
 }
 
 // mustLeaveAlone checks that a healthy server matching the plan (generation 1, first) is
@@ -453,7 +453,7 @@ server "a" {
   ready { timeout = "soon" }
 }
 `
-	_, diags := bindPlan(src, KindsFor(Host{}))
+	_, diags := bindPlan(src, KindsFor(Machine{}))
 	var msg string
 	for _, d := range diags {
 		msg += d.Summary + ": " + d.Detail + "\n"
@@ -478,10 +478,21 @@ func TestServerUnhealthyPastGraceIsRelaunched(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An apply within the grace acts on nothing, and records when the server was first
-	// found not ready (a plan records nothing).
-	st := h.apply(vars...)
-	if st.Err != nil || st.Diff.Action != agent.NoOp || !strings.Contains(strings.Join(st.Diff.Warnings, "\n"), "not ready") {
-		t.Fatalf("within the grace: %v %+v", st.Err, st.Diff)
+	// found not ready (a plan records nothing). The freeze may not have taken hold of
+	// the process by the first probe: applied until a probe finds it not ready.
+	var st *agent.Step
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		st = h.apply(vars...)
+		if st.Err != nil || st.Diff.Action != agent.NoOp {
+			t.Fatalf("within the grace: %v %+v", st.Err, st.Diff)
+		}
+		if strings.Contains(strings.Join(st.Diff.Warnings, "\n"), "not ready") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("within the grace, never found not ready: %+v", st.Diff)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if !alive(first.id()) {
 		t.Fatal("a server within its grace was touched")

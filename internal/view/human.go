@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +39,21 @@ type View struct {
 	lines ProgressLines
 }
 
+// printf prints a line of the view. Its arguments are values from the plan, the host
+// and errors: their control characters are escaped (a newline as \n), so that a flag
+// value, a log quote or an error cannot forge a line of the plan or move the terminal's
+// cursor (issue 27). Only the format's own newlines end lines.
 func (v *View) printf(format string, args ...any) {
+	for i, a := range args {
+		switch a := a.(type) {
+		case string:
+			args[i] = Printable(a)
+		case error:
+			args[i] = Printable(a.Error())
+		case fmt.Stringer:
+			args[i] = Printable(a.String())
+		}
+	}
 	line := v.Redact.String(fmt.Sprintf(format, args...))
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -51,6 +66,24 @@ func (v *View) printf(format string, args ...any) {
 	v.drawn = 0
 	fmt.Fprint(v.W, line)
 	v.redraw(nil)
+}
+
+// Printable is s with its control characters escaped as Go writes them in a quoted
+// string (\n, \t, \x1b, \u0085): what a person's terminal shows as one line, as it is.
+func Printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r >= 0x7f && r < 0xa0 }) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r < 0x20 || r >= 0x7f && r < 0xa0 {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // Progress prints where a long step of addr stands, between its start and done events
