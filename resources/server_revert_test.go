@@ -28,7 +28,7 @@ func newRevertHarness(t *testing.T) *revertHarness {
 func (h *revertHarness) engine(opts agent.Options, vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + h.fake, "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, srvPlan, KindsFor(Host{}), h.store, opts, vars...)
+	return testEngine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, opts, vars...)
 }
 
 func (h *revertHarness) apply(vars ...string) *agent.Step {

@@ -262,11 +262,15 @@ func TestServerLoopingOutputDegradedNotKilled(t *testing.T) {
 	h := newSrvHarness(t)
 	mustOK(t, h.apply("faults=loop"))
 	first := h.record()
-	// The sampling is not the server's identity: no change, no kill.
-	if st := h.plan("faults=loop", "penalty=0"); st.Err != nil || st.Diff.Action != agent.NoOp {
+	// The sampling is not the server's identity: no restart, no kill; the changed smoke
+	// test runs against the running server, in place (issue 25, 6), and its failure is
+	// reported.
+	if st := h.plan("faults=loop", "penalty=0"); st.Err != nil || st.Diff.Action != agent.Update || st.Diff.Changes[0].Attr != "smoke_test" {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
-	mustOK(t, h.apply("faults=loop", "penalty=0"))
+	if st := h.apply("faults=loop", "penalty=0"); st.Err == nil || !strings.Contains(st.Err.Error(), "left running") {
+		t.Fatalf("apply of a changed smoke test that fails: %v", st.Err)
+	}
 	st := h.probe("faults=loop", "penalty=0")
 	mustOK(t, st)
 	if st.Status.Healthy || !strings.Contains(st.Status.Summary, "smoke test failed") ||
