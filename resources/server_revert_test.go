@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -345,5 +346,111 @@ func TestServerChangedSmokeTestRuns(t *testing.T) {
 	s = h.status("faults=loop", "penalty=1.2")
 	if !s.Status.Healthy || !strings.HasPrefix(fieldOf(s.Status, "smoke test"), "passed at ") {
 		t.Errorf("status after the passing smoke test: %+v", s.Status)
+	}
+}
+
+// groupPlan is two servers of one rollout group on the fake, a declared first.
+const groupPlan = `
+variable "fake" {}
+variable "logs" {}
+variable "port_a" { type = number }
+variable "port_b" { type = number }
+variable "faults" { default = "" }
+
+server "a" {
+  command = [var.fake]
+  flags   = { "model-path" = "Qwen/Qwen3-8B", "port" = var.port_a }
+  env     = { FAKE_SGLANG = var.faults, FAKE_SGLANG_DECODE_INTERVAL = "1h" }
+  ready {
+    http    = "/health"
+    timeout = "15s"
+    settle  = "500ms"
+  }
+  stop { timeout = "2s" }
+  log_dir = var.logs
+  rollout {
+    group           = "qwen"
+    max_unavailable = 1
+  }
+}
+
+server "b" {
+  command = [var.fake]
+  flags   = { "model-path" = "Qwen/Qwen3-8B", "port" = var.port_b }
+  env     = { FAKE_SGLANG = var.faults, FAKE_SGLANG_DECODE_INTERVAL = "1h" }
+  ready {
+    http    = "/health"
+    timeout = "15s"
+    settle  = "500ms"
+  }
+  stop { timeout = "2s" }
+  log_dir = var.logs
+  rollout {
+    group           = "qwen"
+    max_unavailable = 1
+  }
+}
+`
+
+// Issue 25, points 4 and 8: in a rollout group, a revert stops the group as any failure
+// does (the next member is not disrupted by that apply), and once the rolled-back
+// generation is verified (the loop's next pass) the member counts as available again:
+// its permit is returned.
+func TestServerRevertInARolloutGroup(t *testing.T) {
+	t.Parallel()
+	h := newSrvState(t)
+	logs := filepath.Join(h.dir, "logs")
+	vars := []string{"fake=" + fakeSGLang(t), "logs=" + logs, "port_a=" + strconv.Itoa(srvFreePort(t)), "port_b=" + strconv.Itoa(srvFreePort(t))}
+	run := func(opts agent.Options, more ...string) *agent.Engine {
+		return testEngine(t, h.dir, groupPlan, KindsFor(Machine{}), h.store, opts, append(slices.Clone(vars), more...)...)
+	}
+	for _, st := range run(agent.Options{}).Apply(context.Background(), nil).Steps {
+		mustOK(t, st)
+	}
+	load := func(addr string) serverRecord {
+		var r serverRecord
+		if ok, err := h.store.Load(addr, &r); !ok || err != nil {
+			t.Fatalf("%s: no record: %v", addr, err)
+		}
+		return r
+	}
+	b1 := load("server.b")
+
+	rep := run(agent.Options{}, "faults=oom").Apply(context.Background(), nil)
+	var errA, errB error
+	for _, st := range rep.Steps {
+		switch st.Addr {
+		case "server.a":
+			errA = st.Err
+		case "server.b":
+			errB = st.Err
+		}
+	}
+	if errA == nil || !strings.Contains(errA.Error(), "rolled back to generation 1's command line, verified, serving") {
+		t.Fatalf("server.a: %v", errA)
+	}
+	if errB == nil || !strings.Contains(errB.Error(), "server.a") {
+		t.Errorf("server.b was not held by the stopped rollout: %v", errB)
+	}
+	if r := load("server.b"); r.id() != b1.id() || !alive(b1.id()) {
+		t.Errorf("server.b was disrupted after server.a's revert: %+v", r)
+	}
+	if m, err := h.store.LoadRollouts(); err != nil || m["server.a"].Failed == "" {
+		t.Fatalf("server.a's failure does not stop the group: %v %+v", err, m)
+	}
+
+	// The loop's next pass finds the rolled-back generation verified: a is available
+	// again, its permit returned.
+	loop := run(agent.Options{Loop: true}, "faults=oom")
+	if err := loop.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := loop.Reconcile(context.Background(), "server.a"); st.Err != nil {
+		t.Fatalf("loop pass of server.a: %v", st.Err)
+	}
+	if m, err := h.store.LoadRollouts(); err != nil {
+		t.Fatal(err)
+	} else if _, held := m["server.a"]; held {
+		t.Errorf("the rolled-back member still holds its permit: %+v", m)
 	}
 }
