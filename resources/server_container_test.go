@@ -51,9 +51,11 @@ variable "mem" {
   default = 0.8
 }
 variable "faults" { default = "" }
+variable "revert" { default = true }
 
 server "qwen" {
   container = container.c.name
+  revert    = var.revert
   command   = ["fake-sglang"]
   flags = {
     "model-path"                   = "Qwen/Qwen3-8B"
@@ -316,14 +318,15 @@ func TestServerInContainer(t *testing.T) {
 		t.Fatalf("generation 4 = %+v", fourth)
 	}
 
-	// An OOM at launch: the error quotes that generation's log, inside the container.
+	// An OOM at launch: the error quotes that generation's log, inside the container,
+	// and generation 4's command line serves again (issue 25).
 	oom := h.apply("faults=oom")
 	if oom.Err == nil {
 		t.Fatal("an OOM launch applied without error")
 	}
 	msg := oom.Err.Error()
-	for _, want := range []string{"launch of generation 5 failed", "exited", "out of GPU memory", "CUDA out of memory",
-		"/var/log/agent/qwen.5.log (in container " + h.name + ")"} {
+	for _, want := range []string{"generation 5 failed (out of GPU memory", "CUDA out of memory",
+		"rolled back to generation 4's command line, verified, serving (generation 6"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("apply error lacks %q:\n%s", want, msg)
 		}
@@ -336,14 +339,15 @@ func TestServerInContainer(t *testing.T) {
 	}
 	s := h.status("faults=oom")
 	mustOK(t, s)
-	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "5" {
+	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "the plan's generation 5 was rolled back") || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "6" {
 		t.Errorf("status = %+v", s.Status)
 	}
 
-	// Back to health, then the container stops: the plan says so instead of guessing.
+	// Back to the plan's defaults (generation 4 ignored SIGTERM: a relaunch, generation
+	// 7), then the container stops: the plan says so instead of guessing.
 	mustOK(t, h.apply())
-	if r := h.record(); r.Generation != 6 || !alive(r.id()) {
-		t.Fatalf("generation 6 = %+v", r)
+	if r := h.record(); r.Generation != 7 || !alive(r.id()) {
+		t.Fatalf("generation 7 = %+v", r)
 	}
 	if err := h.d.Client.Stop(ctx, h.name, 10*time.Second); err != nil {
 		t.Fatal(err)
