@@ -229,8 +229,9 @@ func TestServerInContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantEnv := []string{"FAKE_SGLANG=", "FAKE_SGLANG_DECODE_INTERVAL=100ms", "HOME=/root",
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "WEIRD=a b'c\"$(touch /pwned) ; *\nline2", first.Marker}
+	wantEnv := []string{"FAKE_SGLANG=", "FAKE_SGLANG_DECODE_INTERVAL=100ms", "FLASHINFER_WORKSPACE_BASE=/root", "HOME=/root",
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TORCHINDUCTOR_CACHE_DIR=/root/.cache/torchinductor",
+		"TRITON_CACHE_DIR=/root/.cache/triton", "WEIRD=a b'c\"$(touch /pwned) ; *\nline2", first.Marker}
 	if !slices.Equal(env, wantEnv) {
 		t.Errorf("environment inside = %q, want exactly %q", env, wantEnv)
 	}
