@@ -67,7 +67,8 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 // generation serving, and says so itself.
 func (det *serverDetail) afterBreak(err error) error {
 	var se *lifecycle.SmokeError
-	if err == nil || !det.stopped || det.prev == nil || errors.As(err, &se) {
+	var re *revertedError // it says itself what serves
+	if err == nil || !det.stopped || det.prev == nil || errors.As(err, &se) || errors.As(err, &re) {
 		return err
 	}
 	return fmt.Errorf("generation %d (pid %d) was stopped, verified, then: %w", det.prev.Generation, det.prev.PID, err)
