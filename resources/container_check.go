@@ -65,6 +65,9 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 // and what Apply needs to det.
 func (k *Container) observe(ctx context.Context, env *agent.Env, rec containerRecord) (*agent.Diff, error) {
 	c := k.client(env)
+	if _, derr := downMember(ctx, c, k.name); derr != nil {
+		return nil, derr
+	}
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
 		return k.createDiff(ctx, c)

@@ -20,6 +20,9 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		return nil, err
 	}
 	c := k.client(env)
+	if member, derr := downMember(ctx, c, k.name); derr != nil {
+		return &agent.Status{Summary: derr.Error(), Fields: []agent.Field{agent.TextField("status", "status", "unknown"), agent.TextField(agent.MemberField, "member", member)}}, nil
+	}
 	inst, _, err := c.GetInstance(ctx, k.name)
 	if incus.IsNotFound(err) {
 		return &agent.Status{Healthy: false, Summary: "instance " + k.name + " does not exist"}, nil

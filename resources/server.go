@@ -35,7 +35,8 @@ type ServerConfig struct {
 	KeepLogs       *int               `hcl:"keep_logs,optional"`
 	UnhealthyGrace *string            `hcl:"unhealthy_grace,optional"`
 	Preflight      *string            `hcl:"preflight,optional"`
-	Ensure         *string            `hcl:"ensure,optional"` // "present" (default) or "absent": server_delete.go
+	Ensure         *string            `hcl:"ensure,optional"`
+	Revert         *bool              `hcl:"revert,optional"` // default true: server_revert.go // "present" (default) or "absent": server_delete.go
 }
 
 // ServerReadyConfig is the `ready` block of a server.
@@ -107,6 +108,7 @@ type Server struct {
 	envSensitive   func(key string) bool // env[key] derives from a sensitive variable (plans.Resource.SensitiveKey)
 	flagsSensitive func(key string) bool // flags[key] does
 	argvSensitive  bool                  // some flag does: the rendered command line holds a secret
+	noRevert       bool                  // revert = false: a failed change is not rolled back (server_revert.go)
 	deletion                             // ensure = "absent", agent destroy, an orphan: server_delete.go
 }
 
@@ -153,6 +155,10 @@ func (s *Server) flagDisplay() map[string]string {
 
 // Timeout bounds one step: a stop, a launch until ready, and the smoke test.
 func (s *Server) Timeout() time.Duration {
-	return s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
+	var revert time.Duration // a failed change's revert: a second launch
+	if s.revertOn() {
+		revert = s.ready.Timeout + s.ready.Settle + lifecycle.DefaultSmokeTimeout
+	}
+	return revert + s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
 		s.ready.Timeout + s.ready.Settle + lifecycle.DefaultSmokeTimeout + time.Minute
 }

@@ -2,13 +2,10 @@ package resources
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
-	"github.com/agent-dev/agent/internal/proc"
 )
 
 // Apply adopts, or stops what must stop (verified) and launches a new generation
@@ -30,7 +27,24 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 		return err // before anything is stopped
 	}
 	if det.verify {
-		return s.verifyRecorded(ctx, env, lc, det.prev)
+		err := s.verifyRecorded(ctx, env, lc, det.prev)
+		if err != nil && revertsOn(err) && s.midRevert(det.prev) {
+			return s.revert(ctx, env, lc, det.prev, err)
+		}
+		return err
+	}
+	if det.revert {
+		return s.revert(ctx, env, lc, det.prev, nil)
+	}
+	if det.smoke {
+		return s.rerunSmoke(ctx, env, lc, det.prev)
+	}
+	if det.again {
+		g, err := s.asLaunched(det.prev)
+		if err != nil {
+			return fmt.Errorf("relaunch the rolled-back generation %d's command line: %w", det.prev.Generation, err)
+		}
+		s = g
 	}
 	if err := s.checkBeforeBreak(ctx, env, lc, det); err != nil {
 		return err // before anything is stopped
@@ -43,65 +57,21 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if err := s.stopInTheWay(ctx, env, lc, det); err != nil {
 		return err
 	}
-	procs := lc.Place.Procs(ctx)
-	if s.port > 0 {
-		if err := procs.PortFree(ctx, s.port, 2*time.Second); err != nil {
-			if errors.Is(err, proc.ErrPortHeld) && !s.takeover {
-				return fmt.Errorf("not launching: %w; the holder was not started by this agent and was not touched (takeover = true lets the agent stop it)", err)
-			}
-			return fmt.Errorf("not launching: %w", err)
-		}
-	}
-	logDir, err := lc.Place.HostPath(ctx, s.logDir)
-	if err != nil {
-		return err
-	}
-	gen, err := lifecycle.NextGeneration(logDir, s.name, prevGen)
-	if err != nil {
-		return err
-	}
-	marker := fmt.Sprintf("AGENT_SERVER=%s#%d@%d", s.addr, gen, env.Now().UnixNano())
-	want := s.record()
-	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker, Home: s.serverHome(env)}
-	// The intent goes to state before the process exists (see serverRecord.Pending).
-	intent := want
-	intent.Generation, intent.Marker = gen, marker
-	intent.LogPath = lifecycle.LogFile{Dir: s.logDir, Name: s.name, Generation: gen}.Path()
 	retiring := retiringOf(det) // kept serving until Finish (a migration), in every record from here
-	intent.Retiring = retiring
-	var held serverRecord
-	if det.prev != nil {
-		held = *det.prev
-	}
-	held.Pending = &intent
-	if err := env.State.Save(&held); err != nil {
-		return fmt.Errorf("record the launch of generation %d before it starts: %w", gen, err)
-	}
-	var rec serverRecord
-	x, err := lc.Launch(ctx, lifecycle.LaunchOptions{
-		Name: s.name, LogDir: s.logDir, KeepLogs: s.keepLogs, Generation: gen, Spec: spec, Port: s.port,
-		Ready: s.ready, Smoke: s.smoke,
-		OnStarted: func(x *lifecycle.Launched) error {
-			rec = want
-			rec.Generation, rec.PID, rec.StartTicks, rec.PGID, rec.SID = gen, x.ID.PID, x.ID.StartTicks, x.PGID, x.SID
-			rec.PIDNS = x.NS
-			rec.Marker, rec.LogPath, rec.LaunchedAt = marker, x.LogPath, x.LaunchedAt
-			rec.Retiring = retiring
-			env.Log.Info("launched", "generation", gen, "pid", x.ID.PID, "log", x.LogPath)
-			return env.State.Save(&rec)
-		},
-	})
-	if x == nil {
-		// Nothing started: the intent is void.
-		var serr error
-		if held.Pending = nil; det.prev != nil {
-			serr = env.State.Save(&held)
-		} else {
-			serr = env.State.Delete()
+	lastGood := s.lastGoodFor(det.prev)
+	rec, err := s.launchGeneration(ctx, env, lc, launchPlan{held: det.prev, prevGen: prevGen, keep: func(r *serverRecord) {
+		r.Retiring, r.LastGood = retiring, lastGood
+		if det.prev != nil {
+			r.Reverts = det.prev.Reverts
 		}
-		return errors.Join(err, serr)
+		if det.again {
+			r.Rejected, r.RevertOf = det.prev.Rejected, det.prev.RevertOf
+		}
+	}})
+	if err != nil && lastGood != nil && rec != nil && rec.PID != 0 && revertsOn(err) {
+		return s.revert(ctx, env, lc, rec, err)
 	}
-	return s.recordVerification(env, &rec, x, err)
+	return err
 }
 
 // stopInTheWay stops, verified, what stands in the launch's way: the previous

@@ -40,6 +40,7 @@ func bindServer(h Machine, r *plans.Resource, c *ServerConfig) (agent.Resource, 
 	s.bindCommand(b, c)
 	s.bindPaths(b, c)
 	s.grace = b.duration(c.UnhealthyGrace, DefaultUnhealthyGrace, "unhealthy_grace")
+	s.noRevert = c.Revert != nil && !*c.Revert
 	s.bindEnsure(r, c.Ensure, b.bad)
 	switch p := deref(c.Preflight); p {
 	case "", "warn":

@@ -32,6 +32,13 @@ type serverDetail struct {
 	// adopt: a running process found to be this server; the engine records it (the
 	// diff's record update) and nothing else is done.
 	adopt bool
+	// revert: prev is a change's launch that failed, unverified: launch its way back
+	// (server_revert.go). again: prev is a rolled-back generation that died; it is
+	// relaunched as it was, not as the rejected change.
+	revert, again bool
+	// smoke: prev runs and matches, and the plan's smoke test changed since its last
+	// run: run it against the running server (server_smoke.go).
+	smoke bool
 }
 
 // Check observes the recorded process in /proc and its readiness, and the port.
@@ -132,6 +139,11 @@ func (s *Server) decide(ctx context.Context, env *agent.Env, has, stopped bool, 
 // holder is the plan's server already (portHolderDiff).
 func (s *Server) compare(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, has, alive bool, rec0 *serverRecord, missing error) (*agent.Diff, error) {
 	rec := *rec0
+	if has {
+		if d, handled, err := s.decideRevert(ctx, env, lc, &rec, alive); handled || err != nil {
+			return d, err
+		}
+	}
 	if alive {
 		return s.compareRunning(ctx, env, lc, &rec)
 	}
@@ -173,6 +185,9 @@ func (s *Server) compare(ctx context.Context, env *agent.Env, lc *lifecycle.Life
 // and otherwise readiness decides (checkReady).
 func (s *Server) compareRunning(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, rec *serverRecord) (*agent.Diff, error) {
 	if changes := s.identityChanges(rec); len(changes) > 0 {
+		if r := s.rejectedNow(rec); r != nil {
+			markRejected(changes, r, env.Loop)
+		}
 		if s.migrating(rec) {
 			d := &agent.Diff{Changes: changes, Detail: &serverDetail{prev: rec, migrate: true}}
 			s.markMigration(d, rec)
@@ -183,7 +198,11 @@ func (s *Server) compareRunning(ctx context.Context, env *agent.Env, lc *lifecyc
 	if !rec.verified() {
 		return s.verifyDiff(env, rec), nil
 	}
-	return s.checkReady(ctx, env, lc, rec)
+	d, err := s.checkReady(ctx, env, lc, rec)
+	if err == nil {
+		s.smokeChanged(d, rec)
+	}
+	return d, err
 }
 
 // portHolderDiff completes d, a launch, with what holds the server's port: nothing (d as

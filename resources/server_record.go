@@ -72,6 +72,20 @@ type serverRecord struct {
 	// change): the stop block at launch.
 	StopSignal  int           `json:"stop_signal,omitempty"`
 	StopTimeout time.Duration `json:"stop_timeout,omitempty"`
+
+	// Keeping a host serving (server_revert.go): the HOME the launch got; the inputs of
+	// the verified generation this launch changed, kept until it is verified (the way
+	// back); the change rejected and rolled back; the generation whose inputs this one
+	// runs again; how many reverts this server had.
+	HomeDir  string          `json:"home_dir,omitempty"`
+	LastGood *serverRecord   `json:"last_good,omitempty"`
+	Rejected *rejectedChange `json:"rejected,omitempty"`
+	RevertOf int             `json:"revert_of,omitempty"`
+	Reverts  int             `json:"reverts,omitempty"`
+	// The smoke test the last result is of (server_smoke.go: a changed test runs
+	// against the running server), and when it ran when not at launch.
+	SmokeDigest string    `json:"smoke_digest,omitempty"`
+	SmokeRanAt  time.Time `json:"smoke_ran_at,omitzero"`
 }
 
 func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }

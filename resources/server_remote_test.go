@@ -176,7 +176,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	}
 
 	// An OOM at launch: the error quotes that generation's log, read through Incus.
-	oom := apply("faults=oom")
+	oom := apply("faults=oom", "revert=false") // the rolled-back case: TestServerInContainer
 	if oom.Err == nil {
 		t.Fatal("an OOM launch applied without error")
 	}
@@ -190,7 +190,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	if strings.Contains(msg, "fired up") {
 		t.Errorf("the error quotes another generation's lines:\n%s", msg)
 	}
-	if s := h.step(engine(true, "faults=oom").Status(ctx)); s.Err != nil || s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") {
+	if s := h.step(engine(true, "faults=oom", "revert=false").Status(ctx)); s.Err != nil || s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") {
 		t.Errorf("status after the OOM = %v %+v", s.Err, s.Status)
 	}
 	mustOK(t, apply())

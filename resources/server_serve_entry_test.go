@@ -36,6 +36,7 @@ server "qwen" {
     timeout = "1s"
   }
   log_dir = var.logs
+  revert  = false # the failed launch stays reported (server_revert_test.go rolls back)
 }
 `
 

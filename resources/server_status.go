@@ -99,6 +99,7 @@ func statusLog(ctx context.Context, env *agent.Env, st *agent.Status, lc *lifecy
 	default:
 		field(agent.AgeField("newest_line_at", "newest line", m.LastLineTime, env.Now()))
 	}
+	statusPhases(st, logPath, rec, env.Now())
 	return m, logPath
 }
 
@@ -117,6 +118,9 @@ func (s *Server) statusGone(ctx context.Context, st *agent.Status, procs lifecyc
 		}
 	}
 	s.statusIncident(ctx, field, st, rec, procs)
+	for _, p := range s.statusRevert(field, st.Metrics, rec) {
+		st.Summary += "; " + p
+	}
 }
 
 // statusLive is the status of a running generation: drift, readiness, its serving
@@ -127,7 +131,8 @@ func (s *Server) statusLive(ctx context.Context, env *agent.Env, st *agent.Statu
 	st.Metrics["up"] = 1
 	var problems []string
 	problems = append(problems, s.statusInFlight(field, rec)...)
-	if changes := s.identityChanges(rec); len(changes) > 0 {
+	problems = append(problems, s.statusRevert(field, st.Metrics, rec)...)
+	if changes := s.identityChanges(rec); len(changes) > 0 && s.rejectedNow(rec) == nil {
 		var attrs []string
 		for _, c := range changes {
 			attrs = append(attrs, c.Attr)

@@ -47,6 +47,7 @@ variable "ready_timeout" { default = "15s" }
 variable "settle" { default = "1s" }
 variable "stop_timeout" { default = "1s" }
 variable "grace" { default = "5m" }
+variable "revert" { default = true }
 
 server "qwen" {
   command = [var.fake]
@@ -80,6 +81,7 @@ server "qwen" {
   }
   takeover = var.takeover
   log_dir  = var.logs
+  revert   = var.revert
 }
 `
 
@@ -260,11 +262,15 @@ func TestServerLoopingOutputDegradedNotKilled(t *testing.T) {
 	h := newSrvHarness(t)
 	mustOK(t, h.apply("faults=loop"))
 	first := h.record()
-	// The sampling is not the server's identity: no change, no kill.
-	if st := h.plan("faults=loop", "penalty=0"); st.Err != nil || st.Diff.Action != agent.NoOp {
+	// The sampling is not the server's identity: no restart, no kill; the changed smoke
+	// test runs against the running server, in place (issue 25, 6), and its failure is
+	// reported.
+	if st := h.plan("faults=loop", "penalty=0"); st.Err != nil || st.Diff.Action != agent.Update || st.Diff.Changes[0].Attr != "smoke_test" {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
 	}
-	mustOK(t, h.apply("faults=loop", "penalty=0"))
+	if st := h.apply("faults=loop", "penalty=0"); st.Err == nil || !strings.Contains(st.Err.Error(), "left running") {
+		t.Fatalf("apply of a changed smoke test that fails: %v", st.Err)
+	}
 	st := h.probe("faults=loop", "penalty=0")
 	mustOK(t, st)
 	if st.Status.Healthy || !strings.Contains(st.Status.Summary, "smoke test failed") ||
@@ -283,7 +289,9 @@ func TestServerOOMReportedWithItsLogLine(t *testing.T) {
 	h := newSrvHarness(t)
 	mustOK(t, h.apply())
 	first := h.record()
-	st := h.apply("faults=oom")
+	// revert = false: the failed generation stays reported (server_revert_test.go has
+	// the rolled-back case).
+	st := h.apply("faults=oom", "revert=false")
 	if st.Err == nil {
 		t.Fatal("an OOM launch applied without error")
 	}
@@ -296,7 +304,7 @@ func TestServerOOMReportedWithItsLogLine(t *testing.T) {
 	if alive(first.id()) {
 		t.Error("generation 1 survived its relaunch")
 	}
-	s := h.status("faults=oom")
+	s := h.status("faults=oom", "revert=false")
 	mustOK(t, s)
 	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "2" {
 		t.Errorf("status = %+v", s.Status)
@@ -310,11 +318,11 @@ func TestServerStaleLogNeverShownAsCurrent(t *testing.T) {
 	h := newSrvHarness(t)
 	mustOK(t, h.apply())
 	// exit-on-start writes its traceback; a command that writes nothing is starker.
-	st := h.apply("fake=/bin/false")
+	st := h.apply("fake=/bin/false", "revert=false")
 	if st.Err == nil || !strings.Contains(st.Err.Error(), "has no line from this generation") {
 		t.Fatalf("apply: %v", st.Err)
 	}
-	s := h.status("fake=/bin/false")
+	s := h.status("fake=/bin/false", "revert=false")
 	mustOK(t, s)
 	if got := fieldOf(s.Status, "newest line"); !strings.Contains(got, "generation 2's log has no line") {
 		t.Errorf("newest line = %q", got)

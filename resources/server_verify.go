@@ -92,6 +92,12 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 		rec.ReadyAt = x.ReadyAt
 	}
 	rec.VerifiedAt = x.VerifiedAt
+	if x.Smoke != nil || !rec.VerifiedAt.IsZero() {
+		rec.SmokeDigest, rec.SmokeRanAt = smokeDigest(s.smoke), time.Time{} // the launch's own
+	}
+	if !rec.VerifiedAt.IsZero() {
+		rec.LastGood = nil // verified: this generation is the way back from now on
+	}
 	var se *lifecycle.SmokeError
 	if errors.As(err, &se) {
 		rec.SmokeFailure = se.Result.Reason
@@ -112,6 +118,9 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 // launchSmokeVerdict adds the smoke test's verdict at launch to status (without running
 // it), and returns the problem it is, if any.
 func (s *Server) launchSmokeVerdict(field func(agent.Field), metrics map[string]float64, rec *serverRecord) []string {
+	if problems, ok := s.smokeVerdict(field, metrics, rec); ok {
+		return problems
+	}
 	switch {
 	case rec.SmokeFailure != "":
 		field(agent.TextField("smoke_test", "smoke test", "failed").WithText("failed at launch: " + rec.SmokeFailure + " (agent status --smoke runs it again)"))

@@ -237,6 +237,12 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "agent %s: %v\n", cmd, err)
 		return exitUsage
 	}
+	if o.out != "" {
+		if err := savedplan.CanWrite(o.out); err != nil {
+			fmt.Fprintf(stderr, "agent %s: %v\n", cmd, err)
+			return exitUsage
+		}
+	}
 	planPath := pos[0]
 	var saved *savedplan.File
 	if cmd == "apply" && savedplan.Sniff(planPath) {
