@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -14,6 +13,11 @@ import (
 // phaseLogLimit bounds how much of a generation's log is read for its start phases: they
 // are all near its beginning (a start logs a few thousand lines at most).
 const phaseLogLimit = 8 << 20
+
+// phaseNames are the phases' labels in the human status, short enough to keep its column.
+var phaseNames = map[engines.Phase]string{
+	engines.PhaseWeights: "weights", engines.PhaseKVCache: "KV cache", engines.PhaseCUDAGraphs: "CUDA graphs", engines.PhaseReady: "ready",
+}
 
 // statusPhases adds the start phases of the recorded generation, read from its own log
 // (weights loaded, KV cache allocated, CUDA graphs captured, ready: engines.StartPhases),
@@ -38,7 +42,6 @@ func statusPhases(st *agent.Status, logPath string, rec *serverRecord, now time.
 	for _, m := range engines.StartPhases(lines, time.Local, now) {
 		d := max(m.At.Sub(prev), 0)
 		prev = m.At
-		words := strings.ReplaceAll(string(m.Phase), "_", " ")
-		st.Fields = append(st.Fields, agent.DurationField("start_"+string(m.Phase)+"_seconds", "start: "+words, d))
+		st.Fields = append(st.Fields, agent.DurationField("start_"+string(m.Phase)+"_seconds", "start: "+phaseNames[m.Phase], d))
 	}
 }

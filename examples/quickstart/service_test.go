@@ -199,6 +199,15 @@ func TestServiceRelaunchesAKilledServerAndSurvivesItsOwnStop(t *testing.T) {
 		}
 	}
 
+	// Before the stop, let the loop observe the relaunched server once more at its resync
+	// (the debug line checked below): on a loaded machine the checks above can all pass
+	// within the first second after the relaunch.
+	noop := regexp.MustCompile(`level=DEBUG msg=reconciled resource=server\.qwen took=\S+ observed=no-op applied=false`)
+	waitUntil(t, "a no-op observation of server.qwen in the log", 30*time.Second, func() bool {
+		b, _ := os.ReadFile(filepath.Join(root, "agent.log"))
+		return noop.Match(b)
+	})
+
 	// SIGTERM stops the agent, never the server it manages.
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {

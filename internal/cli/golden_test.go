@@ -32,8 +32,8 @@ var (
 	durationRE = `(\d+(\.\d+)?(ns|µs|us|ms|s|m|h))+`
 	stepDurRE  = regexp.MustCompile(`\(` + durationRE + `\)$`)
 	agoRE      = regexp.MustCompile(`\b` + durationRE + ` ago\b`)
-	// phaseRE is a start phase's measured time in a status ("start: weights loaded  1s").
-	phaseRE = regexp.MustCompile(`(start: [a-z ]+?\s+)` + durationRE + `$`)
+	// phaseRE is a start phase's measured time in a status ("start: weights  1s").
+	phaseRE = regexp.MustCompile(`(start: [A-Za-z ]+?\s+)` + durationRE + `$`)
 )
 
 // normalize is the normalizer of the golden scripts, one for all of them.
