@@ -274,11 +274,29 @@ func (e *Engine) guard(ctx context.Context, addr, what string, fn func(ctx conte
 			err = fmt.Errorf("%s: %s: internal error (panic: %v); this is a bug in the agent, please report it with the log", addr, what, p)
 		}
 	}()
+	began := time.Now()
 	err = fn(ctx)
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+	if err == nil {
+		return nil
+	}
+	// Which deadline expired: the step's own (its context's, at its limit), or one
+	// within the step (an HTTP client's, a probe's) long before it, which must not be
+	// labelled with the step's whole limit (issue 27: "did not finish within 4m18s"
+	// 20 s into the step).
+	ran := time.Since(began)
+	expired := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	stepExpired := expired && ran >= limit-limit/100 // the step's own, not its caller's
+	switch {
+	case stepExpired && !errors.Is(err, context.DeadlineExceeded):
 		err = fmt.Errorf("%w (step timeout %s)", err, limit)
-	} else if err != nil && errors.Is(err, context.DeadlineExceeded) {
+	case stepExpired:
 		err = fmt.Errorf("%s: %s: did not finish within %s: %w", addr, what, limit, err)
+	case expired:
+		err = fmt.Errorf("%s: %s: its caller's deadline expired after %s (the step's own timeout, %s, had not passed): %w",
+			addr, what, ran.Round(100*time.Millisecond), limit, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		err = fmt.Errorf("%s: %s: a deadline within the step expired after %s (the step's own timeout, %s, had not passed): %w",
+			addr, what, ran.Round(100*time.Millisecond), limit, err)
 	}
 	return err
 }
@@ -505,7 +523,7 @@ var ErrDestructiveRefused = errors.New("destructive change refused by --no-destr
 // Apply walks the graph in dependency order. For each resource it checks the host afresh,
 // applies the diff when there is one, and checks again to verify. A failure skips the
 // resource's dependents (reported with the root cause) and lets independent resources
-// continue. onEvent, when not nil, is called as steps start and finish (serially).
+// continue. onEvent, when not nil, is called as steps start and end (serially).
 func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 	rep, byAddr := e.newReport()
 	var evMu sync.Mutex
@@ -550,7 +568,7 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 			}
 			defer func() {
 				<-run.slots
-				run.finish(addr, st.Err)
+				run.stepDone(addr, st.Err)
 				e.rollouts.poke()
 			}()
 		}

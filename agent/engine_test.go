@@ -37,6 +37,9 @@ type fakeConfig struct {
 	Stubborn  *bool   `hcl:"stubborn,optional"` // Apply "succeeds" but changes nothing
 	Restart   *bool   `hcl:"restart,optional"`  // changes are restarts
 	CheckFail *bool   `hcl:"check_fail,optional"`
+	// InnerDeadline: Apply waits on a deadline of its own this long (a probe's, an HTTP
+	// client's), far inside the step's timeout, and returns its error.
+	InnerDeadline *string `hcl:"inner_deadline,optional"`
 }
 
 type fake struct {
@@ -76,6 +79,13 @@ func (f *fake) Apply(ctx context.Context, env *Env, d *Diff) error {
 	}
 	if f.cfg.Panic != nil && *f.cfg.Panic {
 		panic("boom")
+	}
+	if f.cfg.InnerDeadline != nil {
+		dur, _ := time.ParseDuration(*f.cfg.InnerDeadline)
+		inner, cancel := context.WithTimeout(ctx, dur)
+		defer cancel()
+		<-inner.Done()
+		return fmt.Errorf("GET http://m2/1.0/instances/c: %w", inner.Err())
 	}
 	if f.cfg.Sleep != nil {
 		dur, _ := time.ParseDuration(*f.cfg.Sleep)
@@ -249,6 +259,25 @@ func TestStepTimeout(t *testing.T) {
 	err := rep.Steps[0].Err
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "50ms") {
 		t.Fatalf("error = %v, want a deadline error naming the 50ms timeout", err)
+	}
+}
+
+// Issue 27, point 7: a deadline inside a step (an HTTP client's, a probe's) that expires
+// long before the step's own timeout is not labelled with the step's whole limit ("did
+// not finish within 4m18s", 20 s in): the error says a deadline within the step expired,
+// after how long, and what the step's own limit is.
+func TestAnInnerDeadlineIsNotTheStepTimeout(t *testing.T) {
+	t.Parallel()
+	h := newHost()
+	e := engine(t, h, "fake \"a\" {\n  value = \"x\"\n  inner_deadline = \"50ms\"\n}\n", Options{StepTimeout: time.Hour})
+	err := e.Apply(context.Background(), nil).Steps[0].Err
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error = %v, want the inner deadline's", err)
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "did not finish within 1h") || !strings.Contains(msg, "a deadline within the step expired after") ||
+		!strings.Contains(msg, "the step's own timeout, 1h0m0s, had not passed") {
+		t.Errorf("error = %q", msg)
 	}
 }
 

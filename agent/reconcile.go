@@ -35,6 +35,10 @@ func (e *Engine) Prepare(ctx context.Context) error {
 	if e.rollouts != nil {
 		return e.rollouts.prune(e.groupOf)
 	}
+	if e.opts.Rollouts != nil && !e.destroying {
+		// No group left in the plan: the loop's permits forget its members.
+		return e.opts.Rollouts.prune(nil)
+	}
 	return nil
 }
 

@@ -25,7 +25,7 @@ import (
 //
 // The members in flight are recorded in <state-dir>/rollouts.json before each one is
 // disrupted, so after a SIGKILL the next apply (or `agent run`) counts them as
-// unavailable, finishes them first, and never exceeds the limit. The engine knows no
+// unavailable, completes them first, and never exceeds the limit. The engine knows no
 // kind: "down" is read from a Check's reasons (Diff.Unavailable).
 
 // Rollouts holds the rollout permits of one state directory: what each group member was
@@ -86,7 +86,7 @@ func (r *Rollouts) notify() {
 	r.changed = make(chan struct{})
 }
 
-// poke wakes the waiters: something they depend on (a step of the apply) finished.
+// poke wakes the waiters: something they depend on (a step of the apply) ended.
 func (r *Rollouts) poke() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -135,8 +135,10 @@ func (r *Rollouts) observed(addr string, d *Diff, err error) {
 			changed = true
 		}
 	}
+	// The fleet is told every time (it writes only what changed): what it dropped or
+	// could not write is told again at the next observation.
+	r.tellFleet(addr)
 	if changed {
-		r.tellFleet(addr)
 		r.notify()
 	}
 }
@@ -269,6 +271,7 @@ func (r *Rollouts) prune(members map[string]*plans.RolloutGroup) error {
 	if err := r.load(); err != nil {
 		return err
 	}
+	r.keepFleet(members)
 	n := len(r.inFlight)
 	for a := range r.inFlight {
 		if members[a] == nil {
@@ -418,7 +421,8 @@ type applyRun struct {
 	done  map[string]error
 }
 
-func (r *applyRun) finish(addr string, err error) {
+// stepDone records that addr's step of the apply ended, with its error.
+func (r *applyRun) stepDone(addr string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.done[addr] = err

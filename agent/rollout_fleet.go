@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/agent-dev/agent/plans"
 )
 
 // Rollouts across hosts. A plan's rollout group may span hosts that each run their own
@@ -28,6 +30,9 @@ type PermitSource interface {
 	// Release says addr was verified converged: its permit or mark goes, and so does a
 	// stop it caused.
 	Release(addr string)
+	// Keep says which of this host's members are in rollout groups now: what the fleet
+	// holds for any other (its block left the plan or its group) goes.
+	Keep(addrs []string)
 	// Changed is closed when a count of the fleet may have changed.
 	Changed() <-chan struct{}
 }
@@ -95,7 +100,9 @@ func (r *Rollouts) InFlight() map[string]InFlightMember {
 	return out
 }
 
-// setGroups records each member's group name, for the marks a fleet is told (New).
+// setGroups records each member's group name, for the marks a fleet is told (New). A
+// name is never forgotten here: an engine whose plan is then rejected must not make the
+// running one's members unknown; prune says what left.
 func (r *Rollouts) setGroups(groupOf map[string]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -105,6 +112,18 @@ func (r *Rollouts) setGroups(groupOf map[string]string) {
 	for a, g := range groupOf {
 		r.groupName[a] = g
 	}
+}
+
+// keepFleet tells the fleet which members are in the plan's groups (under r.mu; prune).
+func (r *Rollouts) keepFleet(members map[string]*plans.RolloutGroup) {
+	if r.fleet == nil {
+		return
+	}
+	addrs := make([]string, 0, len(members))
+	for a := range members {
+		addrs = append(addrs, a)
+	}
+	r.fleet.Keep(addrs)
 }
 
 // tellFleet tells the fleet what addr now is for the others (under r.mu): unavailable

@@ -19,6 +19,7 @@ type fakeEtcd struct {
 	stop    string            // "addr@host: reason"
 	down    bool              // etcd unreachable
 	takes   []string
+	kept    []string
 	changed chan struct{}
 }
 
@@ -87,6 +88,12 @@ func (s *fakeSource) Release(addr string) {
 		s.f.stop = ""
 	}
 	s.f.notify()
+}
+
+func (s *fakeSource) Keep(addrs []string) {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	s.f.kept = addrs
 }
 
 func (s *fakeSource) Changed() <-chan struct{} {
@@ -217,6 +224,9 @@ func TestRolloutFleetWithoutEtcd(t *testing.T) {
 		if err := e.Prepare(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if fmt.Sprint(etcd.kept) != "[member.b]" {
+		t.Errorf("the fleet was told the plan's members %v, want [member.b]", etcd.kept)
 	}
 	st := a.Reconcile(context.Background(), "member.a")
 	if !IsRolloutWait(st.Err) || !strings.Contains(st.Err.Error(), "nothing is disrupted until etcd answers") {

@@ -47,8 +47,8 @@ func (s *savedRun) applied(addr string) {
 // vet is the check of addr's observation right before its step acts (nil when no saved
 // plan is applied). The observation must match its fingerprint; when a resource it
 // depends on (or an orphan) was changed by this apply, its changes may differ (they
-// compare with what that change made) but its action may not: the saved plan applies
-// what was reviewed, nothing more disruptive.
+// compare with what that change made) but its action may not, unless nothing is left to
+// do: the saved plan applies what was reviewed, never another action.
 func (s *savedRun) vet(e *Engine, addr string) func(*Diff) error {
 	if s == nil {
 		return nil
@@ -65,7 +65,7 @@ func (s *savedRun) vet(e *Engine, addr string) func(*Diff) error {
 		}
 		s.mu.Unlock()
 		if after {
-			if d.Action != want.Action {
+			if d.Action != want.Action && d.Action != NoOp {
 				return fmt.Errorf("%s: %w: after the changes it depends on, planned %s, now %s; not applied (make a new plan and review it)", addr, ErrStale, want.Action, d.Action)
 			}
 			return nil

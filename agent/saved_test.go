@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -213,5 +214,111 @@ func TestFingerprintHoldsNoSecret(t *testing.T) {
 	}
 	if digester([]byte("another key")).of(secret) == digester(testKey).of(secret) {
 		t.Error("digests do not depend on the key")
+	}
+}
+
+// mirror observes another resource's record (src): its value is src's plus "!", and a
+// change becomes a restart when src's value is restart_on. What it plans depends on what
+// an apply did to src.
+type mirrorConfig struct {
+	Src       string `hcl:"src"`
+	RestartOn string `hcl:"restart_on,optional"`
+}
+
+type mirror struct{ cfg *mirrorConfig }
+
+func (m *mirror) want(env *Env) (string, string, error) {
+	var src string
+	if _, err := env.State.Others().Load(m.cfg.Src, &src); err != nil {
+		return "", "", err
+	}
+	return src + "!", src, nil
+}
+
+func (m *mirror) Check(ctx context.Context, env *Env) (*Diff, error) {
+	want, src, err := m.want(env)
+	if err != nil {
+		return nil, err
+	}
+	var have string
+	if _, err := env.State.Load(&have); err != nil || have == want {
+		return NoChange(), err
+	}
+	c := Set("value", have, want)
+	if m.cfg.RestartOn != "" && src == m.cfg.RestartOn {
+		c = c.Because(Restarts, ReasonIdentity)
+	}
+	return (&Diff{}).Add(c), nil
+}
+
+func (m *mirror) Apply(ctx context.Context, env *Env, d *Diff) error {
+	want, _, err := m.want(env)
+	if err != nil {
+		return err
+	}
+	return env.State.Save(want)
+}
+
+// A resource that depends on one the saved plan changes is observed after that change:
+// its changes may then differ from the saved ones (they compare with the new state), its
+// action may not.
+func TestSavedPlanDependentsKeepTheirAction(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, restartOn, want string
+	}{
+		{"same action, other values", "", "applied:update"},
+		{"a restart it was not planned with", "1", "error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, _ := state.Open(t.TempDir())
+			if err := store.Save("mirror.b", "old!"); err != nil {
+				t.Fatal(err)
+			}
+			k := append(recKinds(&deleteLog{}), NewKind("mirror", func(r *plans.Resource, c *mirrorConfig) (Resource, hcl.Diagnostics) {
+				return &mirror{cfg: c}, nil
+			}))
+			src := `
+rec "a" { value = "1" }
+mirror "b" {
+  src        = "rec.a"
+  restart_on = "` + tc.restartOn + `"
+  depends_on = [rec.a]
+}
+`
+			eng := func() *Engine {
+				p, diags := plans.LoadSources(".", []plans.Source{{Name: "plan.hcl", Data: []byte(src)}}, plans.Options{Schemas: Schemas(k)})
+				if diags.HasErrors() {
+					t.Fatal(diags.Error())
+				}
+				e, err := New(p, k, store, Options{FingerprintKey: testKey})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e
+			}
+			want := planned(t, eng())
+			if want["mirror.b"].Action != Update {
+				t.Fatalf("mirror.b planned %s, want update", want["mirror.b"].Action)
+			}
+			rep, err := eng().ApplySaved(context.Background(), want, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := outcome(rep)
+			if got["rec.a"] != "applied:create" || got["mirror.b"] != tc.want {
+				t.Fatalf("outcome %v, want mirror.b %s", got, tc.want)
+			}
+			if tc.want == "error" {
+				if recs := records(t, store); recs["mirror.b"] != "old!" {
+					t.Errorf("mirror.b's record is %q: the refused step wrote it", recs["mirror.b"])
+				}
+				for _, st := range rep.Steps {
+					if st.Addr == "mirror.b" && !strings.Contains(fmt.Sprint(st.Err), "after the changes it depends on, planned update, now restart") {
+						t.Errorf("mirror.b: %v", st.Err)
+					}
+				}
+			}
+		})
 	}
 }

@@ -51,7 +51,7 @@ container "c" {
 %s
 }
 `, h.name, body)
-	return testEngine(h.t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, "incus_socket="+h.c.Socket)
+	return testEngine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, "incus_socket="+h.c.Socket)
 }
 
 func (h *clusterCtr) plan(body string) *agent.Step {
@@ -210,7 +210,7 @@ func TestServerInContainerOnClusterMember(t *testing.T) {
 	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
 	engine := func(vars ...string) *agent.Engine {
 		vars = append([]string{"incus_socket=" + c.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-		return testEngine(t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 	}
 	ctx := context.Background()
 	// The container first, then the program in it (as TestServerInContainer does).

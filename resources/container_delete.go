@@ -47,7 +47,7 @@ func (k *Container) bindEnsure(r *plans.Resource, ensure *string) hcl.Diagnostic
 // orphanContainer deletes, from its record alone, the instance a container block that
 // left the plan created: only that instance (its name and volatile.uuid), never another
 // one that took its name since.
-func orphanContainer(h Host, addr string, st *state.Scoped) (agent.Resource, error) {
+func orphanContainer(h Machine, addr string, st *state.Scoped) (agent.Resource, error) {
 	var rec containerRecord
 	has, err := st.Load(&rec)
 	if err != nil || !has {

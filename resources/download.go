@@ -111,7 +111,7 @@ var (
 )
 
 // DownloadKind is the `download` resource kind.
-func DownloadKind(h Host) agent.Kind {
+func DownloadKind(h Machine) agent.Kind {
 	k := agent.NewKind("download", func(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
 		res, diags := bindDownload(r, c)
 		if d, ok := res.(*Download); ok && d != nil {
@@ -127,10 +127,8 @@ func DownloadKind(h Host) agent.Kind {
 }
 
 func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
-	var diags hcl.Diagnostics
-	bad := func(rng hcl.Range, summary, detail string) {
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: rng.Ptr()})
-	}
+	b := &binder{r: r}
+	bad := b.bad
 	d := &Download{addr: r.Addr, dest: c.Dest, concurrency: 4, stall: 60 * time.Second,
 		timeout: defaultDownloadTimeout, insecure: deref(c.Insecure), getenv: os.Getenv}
 	if !filepath.IsAbs(c.Dest) {
@@ -164,8 +162,7 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 		}
 		t, err := time.ParseDuration(*v)
 		if err != nil || t <= 0 {
-			bad(r.Range(attr), "Invalid duration", fmt.Sprintf("%s %q is not a positive duration such as \"60s\" or \"24h\".", attr, *v))
-			diags[len(diags)-1].Extra = plans.OwnValue
+			b.badValue(r.Range(attr), "Invalid duration", fmt.Sprintf("%s %q is not a positive duration such as \"60s\" or \"24h\".", attr, *v))
 			return
 		}
 		*into = t
@@ -192,8 +189,19 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 	case len(c.Files) == 0 && c.HuggingFace == nil:
 		bad(r.DeclRange, "No source", "A download needs file \"NAME\" { url, sha256, size } blocks or a huggingface { repo } block.")
 	}
+	d.bindFiles(b, c.Files)
+	d.bindHub(b, c.HuggingFace)
+	if b.diags.HasErrors() {
+		return nil, b.diags
+	}
+	return d, nil
+}
+
+// bindFiles reads the file blocks: clean names inside dest, allowed URLs, a sha256 each.
+func (d *Download) bindFiles(b *binder, files []DownloadFileConfig) {
+	r, bad := b.r, b.bad
 	seen := map[string]bool{}
-	for _, f := range c.Files {
+	for _, f := range files {
 		rng := r.Range("file")
 		if seen[f.Name] {
 			bad(rng, "Duplicate file", fmt.Sprintf("file %q is declared twice.", f.Name))
@@ -209,7 +217,7 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 			bad(rng, "Insecure URL", fmt.Sprintf("file %q: %v", f.Name, err))
 		}
 		sum := strings.ToLower(f.SHA256)
-		if b, err := hex.DecodeString(sum); err != nil || len(b) != 32 {
+		if raw, err := hex.DecodeString(sum); err != nil || len(raw) != 32 {
 			bad(rng, "Invalid sha256", fmt.Sprintf("file %q: sha256 must be 64 hex digits: every file is verified.", f.Name))
 		}
 		size := int64(-1)
@@ -221,39 +229,42 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 		}
 		d.files = append(d.files, fetch.File{Name: f.Name, URL: f.URL, Size: size, SHA256: sum})
 	}
-	if h := c.HuggingFace; h != nil {
-		src := &hubSource{repo: h.Repo, revision: "main", endpoint: defaultHubEndpoint, tokenFile: deref(h.TokenFile)}
-		if h.Revision != nil {
-			src.revision = *h.Revision
-		}
-		if h.Endpoint != nil {
-			src.endpoint = strings.TrimRight(*h.Endpoint, "/")
-		}
-		if parts := strings.Split(h.Repo, "/"); len(parts) > 2 || h.Repo == "" || slices.ContainsFunc(parts, func(p string) bool { return p == "" || p == "." || p == ".." }) {
-			bad(r.Range("huggingface", "repo"), "Invalid repo", fmt.Sprintf("repo %q is not a repository id such as \"Qwen/Qwen3.6-27B\".", h.Repo))
-		}
-		if src.revision == "" || strings.Contains(src.revision, "..") {
-			bad(r.Range("huggingface", "revision"), "Invalid revision", "revision is a branch, a tag or a commit hash.")
-		}
-		if u, err := url.Parse(src.endpoint); err != nil || allowedURL(u, d.insecure) != nil {
-			bad(r.Range("huggingface", "endpoint"), "Invalid endpoint", fmt.Sprintf("endpoint %q must be an https URL (or http to a loopback host, or insecure = true).", src.endpoint))
-		}
-		if src.tokenFile != "" && !filepath.IsAbs(src.tokenFile) {
-			bad(r.Range("huggingface", "token_file"), "Relative token_file", "token_file must be an absolute path.")
-		}
-		var err error
-		if src.include, err = compileGlobs(h.Include); err != nil {
-			bad(r.Range("huggingface", "include"), "Invalid pattern", err.Error())
-		}
-		if src.exclude, err = compileGlobs(h.Exclude); err != nil {
-			bad(r.Range("huggingface", "exclude"), "Invalid pattern", err.Error())
-		}
-		d.hub = src
+}
+
+// bindHub reads the huggingface block: a repository id, a revision, an allowed endpoint,
+// the token file and the include and exclude patterns.
+func (d *Download) bindHub(b *binder, h *DownloadHubConfig) {
+	if h == nil {
+		return
 	}
-	if diags.HasErrors() {
-		return nil, diags
+	r, bad := b.r, b.bad
+	src := &hubSource{repo: h.Repo, revision: "main", endpoint: defaultHubEndpoint, tokenFile: deref(h.TokenFile)}
+	if h.Revision != nil {
+		src.revision = *h.Revision
 	}
-	return d, nil
+	if h.Endpoint != nil {
+		src.endpoint = strings.TrimRight(*h.Endpoint, "/")
+	}
+	if parts := strings.Split(h.Repo, "/"); len(parts) > 2 || h.Repo == "" || slices.ContainsFunc(parts, func(p string) bool { return p == "" || p == "." || p == ".." }) {
+		bad(r.Range("huggingface", "repo"), "Invalid repo", fmt.Sprintf("repo %q is not a repository id such as \"Qwen/Qwen3.6-27B\".", h.Repo))
+	}
+	if src.revision == "" || strings.Contains(src.revision, "..") {
+		bad(r.Range("huggingface", "revision"), "Invalid revision", "revision is a branch, a tag or a commit hash.")
+	}
+	if u, err := url.Parse(src.endpoint); err != nil || allowedURL(u, d.insecure) != nil {
+		bad(r.Range("huggingface", "endpoint"), "Invalid endpoint", fmt.Sprintf("endpoint %q must be an https URL (or http to a loopback host, or insecure = true).", src.endpoint))
+	}
+	if src.tokenFile != "" && !filepath.IsAbs(src.tokenFile) {
+		bad(r.Range("huggingface", "token_file"), "Relative token_file", "token_file must be an absolute path.")
+	}
+	var err error
+	if src.include, err = compileGlobs(h.Include); err != nil {
+		bad(r.Range("huggingface", "include"), "Invalid pattern", err.Error())
+	}
+	if src.exclude, err = compileGlobs(h.Exclude); err != nil {
+		bad(r.Range("huggingface", "exclude"), "Invalid pattern", err.Error())
+	}
+	d.hub = src
 }
 
 // Timeout is the step timeout: downloads are long (default 24h, the plan's `timeout`).
@@ -535,7 +546,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 		return fmt.Errorf("dest: %w", err)
 	}
 	res, ferr := fetch.Fetch(ctx, files, opts)
-	rep.finish()
+	rep.end()
 	logSources(env, d.mirrors, res)
 	if ferr != nil && d.hub != nil {
 		ferr = hubFetchError(ferr, d.hub, tokenSent)
@@ -639,75 +650,6 @@ func etaString(sec float64) string {
 		return "?"
 	}
 	return (time.Duration(sec) * time.Second).Round(time.Second).String()
-}
-
-// mirrorBase checks a `mirrors` entry: an http or https URL of the directory that holds
-// the download's files under their relative paths, without query or credentials. Plain
-// http is allowed to any host (a LAN peer has no certificate): every file a mirror sends
-// is verified against the plan's sha256 or the Hub's before it is used.
-func mirrorBase(m string) (string, error) {
-	u, err := url.Parse(m)
-	switch {
-	case err != nil:
-		return "", fmt.Errorf("mirror %q: %v", m, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return "", fmt.Errorf("mirror %q: only http:// and https:// URLs (a static file server over a verified download, such as \"http://peer:8088/qwen\")", m)
-	case u.Host == "":
-		return "", fmt.Errorf("mirror %q has no host", m)
-	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
-		return "", fmt.Errorf("mirror %q: no credentials, query or fragment; a mirror is the URL of the directory holding the files", u.Redacted())
-	}
-	return strings.TrimRight(u.String(), "/"), nil
-}
-
-// withMirrors gives each file that has a hash to judge a copy by the URLs of its copy on
-// each mirror: the base followed by the file's path relative to dest, each element escaped.
-func withMirrors(files []fetch.File, mirrors []string) []fetch.File {
-	if len(mirrors) == 0 {
-		return files
-	}
-	files = slices.Clone(files)
-	for i, f := range files {
-		if f.SHA256 == "" && f.GitBlob == "" {
-			continue
-		}
-		parts := strings.Split(f.Name, "/")
-		for j, p := range parts {
-			parts[j] = url.PathEscape(p)
-		}
-		rel := strings.Join(parts, "/")
-		files[i].Mirrors = nil
-		for _, m := range mirrors {
-			files[i].Mirrors = append(files[i].Mirrors, m+"/"+rel)
-		}
-	}
-	return files
-}
-
-// logSources says, when the download has mirrors, where each file came from: a mirror
-// passed over is a warning (with its reason), and the bytes taken from the origin are
-// counted, so a fleet that should pay the origin once can see that it does.
-func logSources(env *agent.Env, mirrors []string, res fetch.Result) {
-	if len(mirrors) == 0 || env == nil || env.Log == nil {
-		return
-	}
-	var fromMirrors, fromOrigin, originBytes int64
-	for _, fr := range res.Files {
-		for _, e := range fr.MirrorErrors {
-			env.Log.Warn("mirror passed over", "file", fr.Name, "error", e)
-		}
-		switch {
-		case fr.From == "":
-		case slices.ContainsFunc(mirrors, func(m string) bool { return strings.HasPrefix(fr.From, m+"/") }):
-			fromMirrors++
-		default:
-			fromOrigin++
-		}
-		originBytes += fr.OriginBytes
-	}
-	if fromMirrors+fromOrigin > 0 {
-		env.Log.Info("download sources", "files_from_mirrors", fromMirrors, "files_from_origin", fromOrigin, "origin_bytes", originBytes)
-	}
 }
 
 // downloadSize is a file change's new value: what will be downloaded. --json writes the

@@ -100,9 +100,9 @@ func (r *progressReporter) update(p fetch.Progress) {
 	}
 }
 
-// finish closes what the views drew when fetch ended without its final snapshot; the
+// end closes what the views drew when fetch ended without its final snapshot; the
 // caller clears the progress record.
-func (r *progressReporter) finish() {
+func (r *progressReporter) end() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.reported {

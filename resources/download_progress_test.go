@@ -46,17 +46,17 @@ func TestDownloadProgressReported(t *testing.T) {
 		t.Errorf("final report %+v", last)
 	}
 	n := len(got)
-	r.finish() // the final snapshot came: nothing more to close
+	r.end() // the final snapshot came: nothing more to close
 	if len(got) != n {
-		t.Errorf("finish after the final snapshot reported again: %+v", got[n:])
+		t.Errorf("end after the final snapshot reported again: %+v", got[n:])
 	}
 
-	// fetch ended without its final snapshot: finish closes what the views drew.
+	// fetch ended without its final snapshot: end closes what the views drew.
 	r2 := newProgressReporter(env, &downloadRecord{})
 	r2.update(snap)
-	r2.finish()
+	r2.end()
 	if last := got[len(got)-1]; !last.Final {
-		t.Errorf("finish did not report the end: %+v", last)
+		t.Errorf("end did not report the end: %+v", last)
 	}
 
 	// Nobody listens: progress is still recorded for status.

@@ -50,7 +50,7 @@ const DriverTimeout = 45 * time.Minute
 // It compares three facts with the plan's version: the loaded kernel module, the
 // installed userspace library (libnvidia-ml.so.1's link target) and NVML's view. A
 // missing driver is created, a different one replaced (a destructive change: GPU
-// processes are stopped first, through Host.StopGPUServers), a nouveau module in the way
+// processes are stopped first, through Machine.StopGPUServers), a nouveau module in the way
 // blacklisted, and persistence mode set. A driver that is installed but not loaded needs
 // a reboot: with reboot = "never" that is a warning and a degraded status, never a change
 // retried in a loop; with reboot = "allowed" the agent reboots, at most once per boot and
@@ -64,7 +64,7 @@ type Driver struct {
 	persistence   *bool
 	rebootAllowed bool
 	blacklist     bool
-	host          Host
+	host          Machine
 	release       time.Duration // how long stopped servers' GPU memory may take to be freed; 0: releaseTimeout
 	fetchOpts     fetch.Options // the installer's download options (Dest is set by install)
 }
@@ -76,7 +76,7 @@ var (
 )
 
 // DriverKind is the `nvidia_driver` resource kind, acting on h.
-func DriverKind(h Host) agent.Kind {
+func DriverKind(h Machine) agent.Kind {
 	if h.Run == nil {
 		h.Run = ExecRunner{}
 	}
@@ -88,7 +88,7 @@ func DriverKind(h Host) agent.Kind {
 	})
 }
 
-func bindDriver(r *plans.Resource, c *DriverConfig, h Host) (agent.Resource, hcl.Diagnostics) {
+func bindDriver(r *plans.Resource, c *DriverConfig, h Machine) (agent.Resource, hcl.Diagnostics) {
 	var diags hcl.Diagnostics
 	bad := func(summary, detail string, path ...string) {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Range(path...).Ptr()})

@@ -26,9 +26,10 @@ type Command struct {
 
 func (c Command) String() string { return strings.Join(append([]string{c.Name}, c.Args...), " ") }
 
-// Runner runs host commands. Tests replace it with a recorder, so no test ever runs a
-// real installer, package manager, modprobe or reboot.
-type Runner interface {
+// CommandRunner runs host commands (not to be mistaken for the place a server's
+// processes run in, lifecycle's). Tests replace it with a recorder, so no test ever runs
+// a real installer, package manager, modprobe or reboot.
+type CommandRunner interface {
 	// Run runs c to completion and returns its combined output (nil when c.Log is set).
 	// A non-zero exit is an error.
 	Run(ctx context.Context, c Command) ([]byte, error)
@@ -37,7 +38,7 @@ type Runner interface {
 // ExecRunner runs commands with os/exec: what the agent does on a real host.
 type ExecRunner struct{}
 
-// Run implements Runner.
+// Run implements CommandRunner.
 func (ExecRunner) Run(ctx context.Context, c Command) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, c.Name, c.Args...)
 	cmd.Env = append(os.Environ(), c.Env...)
@@ -66,7 +67,7 @@ func (refusingRunner) Run(_ context.Context, c Command) ([]byte, error) {
 }
 
 // GPUServerStopper is the hook a driver change uses to stop the servers that use the
-// GPUs. The server resource implements it and is wired into Host.StopGPUServers; the
+// GPUs. The server resource implements it and is wired into Machine.StopGPUServers; the
 // nvidia_driver resource calls it before an installer or a package replaces a loaded
 // driver, then verifies with NVML (gpu.WaitReleased) that no process holds GPU memory.
 type GPUServerStopper interface {
@@ -89,10 +90,10 @@ const HostRootEnv = "AGENT_HOST_ROOT"
 
 // hostFromEnv is the host Kinds acts on: the real machine, or the fake root that
 // AGENT_HOST_ROOT names.
-func hostFromEnv(getenv func(string) string) Host {
+func hostFromEnv(getenv func(string) string) Machine {
 	root := getenv(HostRootEnv)
 	if root == "" {
-		return Host{}
+		return Machine{}
 	}
-	return Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: refusingRunner{}}
+	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: refusingRunner{}}
 }

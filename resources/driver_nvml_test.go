@@ -50,7 +50,7 @@ func TestDriverStatusDGXH200(t *testing.T) {
 	os.MkdirAll(filepath.Join(procRoot, "4242"), 0o755)
 	os.WriteFile(filepath.Join(procRoot, "4242", "cmdline"), []byte("python3\x00-m\x00sglang.launch_server\x00--tp-size\x002\x00"), 0o644)
 
-	h := Host{Root: root, GPU: gpu.NewNVML(s), Proc: proc.FS{Root: procRoot}, Run: &fakeRunner{}}
+	h := Machine{Root: root, GPU: gpu.NewNVML(s), Proc: proc.FS{Root: procRoot}, Run: &fakeRunner{}}
 	d := bindForTest(t, h, `nvidia_driver "host" {
   version          = "550.54.15"
   persistence_mode = true

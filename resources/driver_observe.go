@@ -44,7 +44,7 @@ type driverObs struct {
 	InstalledLib  string // "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 → libnvidia-ml.so.580.95.05"
 	InstalledNote string
 
-	// Info is NVML's view (or the procfs fallback's) through Host.GPU.
+	// Info is NVML's view (or the procfs fallback's) through Machine.GPU.
 	Info gpu.Info
 
 	Nouveau            bool   // the nouveau module is loaded
@@ -66,7 +66,7 @@ func (o *driverObs) userspace() string {
 	return ""
 }
 
-func (h Host) path(rel string) string {
+func (h Machine) path(rel string) string {
 	root := h.Root
 	if root == "" {
 		root = "/"
@@ -75,7 +75,7 @@ func (h Host) path(rel string) string {
 }
 
 // observeDriver reads everything the nvidia_driver resource compares with the plan.
-func observeDriver(ctx context.Context, h Host) (*driverObs, error) {
+func observeDriver(ctx context.Context, h Machine) (*driverObs, error) {
 	o := &driverObs{}
 	if err := observeLoaded(h, o); err != nil {
 		return nil, err
@@ -97,7 +97,7 @@ func observeDriver(ctx context.Context, h Host) (*driverObs, error) {
 
 // observeLoaded reads the loaded module's version from /proc/driver/nvidia/version, or
 // /sys/module/nvidia/version when /proc/driver/nvidia is hidden (some containers).
-func observeLoaded(h Host, o *driverObs) error {
+func observeLoaded(h Machine, o *driverObs) error {
 	p := h.path("proc/driver/nvidia/version")
 	data, err := os.ReadFile(p)
 	switch {
@@ -129,7 +129,7 @@ func observeLoaded(h Host, o *driverObs) error {
 // observeUserspace follows libnvidia-ml.so.1 in the usual library directories to the
 // versioned file it names (libnvidia-ml.so.580.95.05), through any chain of links
 // (Debian's alternatives), resolving absolute targets under the host root.
-func observeUserspace(h Host, o *driverObs) {
+func observeUserspace(h Machine, o *driverObs) {
 	var notes []string
 	for _, dir := range userspaceLibDirs {
 		link := "/" + dir + "/libnvidia-ml.so.1"
@@ -179,7 +179,7 @@ func observeUserspace(h Host, o *driverObs) {
 // observeNouveau finds out whether nouveau is loaded (/proc/modules, or
 // /sys/module/nouveau/initstate, which a built-in module lacks) and whether a modprobe.d
 // file blacklists it.
-func observeNouveau(h Host, o *driverObs) error {
+func observeNouveau(h Machine, o *driverObs) error {
 	if data, err := os.ReadFile(h.path("proc/modules")); err == nil {
 		for line := range strings.Lines(string(data)) {
 			if strings.HasPrefix(line, "nouveau ") {
@@ -225,7 +225,7 @@ func gpuProcesses(info gpu.Info) []gpu.Process {
 
 // describeProcesses renders processes for an operator: "pid 4242 (python3 -m
 // sglang.launch_server …) 70.0 GiB", command lines read through h.Proc.
-func describeProcesses(h Host, ps []gpu.Process) string {
+func describeProcesses(h Machine, ps []gpu.Process) string {
 	parts := make([]string, len(ps))
 	for i, p := range ps {
 		parts[i] = fmt.Sprintf("pid %d (%s) %s", p.PID, cmdlineOf(h, p.PID), bytesize.Format(p.UsedMemory))
@@ -233,7 +233,7 @@ func describeProcesses(h Host, ps []gpu.Process) string {
 	return strings.Join(parts, ", ")
 }
 
-func cmdlineOf(h Host, pid int) string {
+func cmdlineOf(h Machine, pid int) string {
 	argv, err := h.Proc.Cmdline(pid)
 	switch {
 	case err != nil:

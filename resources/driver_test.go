@@ -197,10 +197,10 @@ echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (v
 // driverHost is a fake host for the driver tests: tree unpacked under a fresh root, the
 // GPUs observed through procfs there, run as the command runner, and a state directory
 // of its own.
-func driverHost(t *testing.T, tree string, run *fakeRunner) Host {
+func driverHost(t *testing.T, tree string, run *fakeRunner) Machine {
 	t.Helper()
 	root := fakeRoot(t, tree)
-	return Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: t.TempDir()}
+	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: t.TempDir()}
 }
 
 // installer is a fake v580 installer served on loopback for one test.
@@ -238,13 +238,13 @@ nvidia_driver "host" {
 }
 
 // driverEngine is an engine for src on h, with the engine's state under h.StateDir.
-func driverEngine(t *testing.T, h Host, src string) *agent.Engine {
+func driverEngine(t *testing.T, h Machine, src string) *agent.Engine {
 	t.Helper()
 	return testEngine(t, t.TempDir(), src, []agent.Kind{DriverKind(h)}, openStore(t, filepath.Join(h.StateDir, "state")), agent.Options{})
 }
 
 // bindForTest binds src on h and returns its one driver, to be driven directly.
-func bindForTest(t *testing.T, h Host, src string) *Driver {
+func bindForTest(t *testing.T, h Machine, src string) *Driver {
 	t.Helper()
 	res, diags := bindPlan(src, []agent.Kind{DriverKind(h)})
 	if diags.HasErrors() {
@@ -607,7 +607,7 @@ func TestDriverPersistenceMode(t *testing.T) {
 		}
 		return nil, nil
 	}}
-	e := driverEngine(t, Host{Root: root, GPU: obs, Run: run, StateDir: t.TempDir()}, `
+	e := driverEngine(t, Machine{Root: root, GPU: obs, Run: run, StateDir: t.TempDir()}, `
 nvidia_driver "host" {
   version          = "580.95.05"
   persistence_mode = true
@@ -725,7 +725,7 @@ func TestDriverStatusEveryGPUState(t *testing.T) {
 			if s != gpu.StateOK {
 				info = gpu.Info{State: s, Source: gpu.SourceNVML, StateDetail: "nvml init: detail of " + s.String()}
 			}
-			d := bindForTest(t, Host{Root: root, GPU: &fixedGPU{info: info}, Run: &fakeRunner{}}, `nvidia_driver "host" { version = "580.95.05" }`)
+			d := bindForTest(t, Machine{Root: root, GPU: &fixedGPU{info: info}, Run: &fakeRunner{}}, `nvidia_driver "host" { version = "580.95.05" }`)
 			st, err := d.Status(context.Background(), &agent.Env{Addr: "nvidia_driver.host", Log: discardLog()})
 			if err != nil {
 				t.Fatal(err)
@@ -766,7 +766,7 @@ symlink libnvidia-ml.so.535.247.01
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			o := &driverObs{}
-			observeUserspace(Host{Root: fakeRoot(t, tc.tree)}, o)
+			observeUserspace(Machine{Root: fakeRoot(t, tc.tree)}, o)
 			if o.Installed != tc.want || !strings.Contains(o.InstalledNote, tc.note) {
 				t.Errorf("installed %q note %q, want %q / %q", o.Installed, o.InstalledNote, tc.want, tc.note)
 			}
@@ -779,7 +779,7 @@ symlink libnvidia-ml.so.535.247.01
 func TestDriverObserveOnly(t *testing.T) {
 	t.Parallel()
 	root := fakeRoot(t, tree570)
-	h := Host{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
+	h := Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
 	d := bindForTest(t, h, `nvidia_driver "host" { version = "580.95.05" }`)
 	_, err := d.Check(context.Background(), &agent.Env{Log: discardLog()})
 	if err == nil || !strings.Contains(err.Error(), "the plan wants driver 580.95.05 and the host has 570.172.08 loaded, and neither installer { url, sha256 } nor package says how to install it") {
@@ -831,12 +831,12 @@ func TestDriverBindErrors(t *testing.T) {
   package = " "
 }`, "Empty package"},
 	} {
-		_, diags := bindPlan(tc.src, []agent.Kind{DriverKind(Host{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
+		_, diags := bindPlan(tc.src, []agent.Kind{DriverKind(Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
 		if !diags.HasErrors() || !strings.Contains(diags.Error(), tc.want) {
 			t.Errorf("%s:\ndiagnostics %v, want %q", tc.src, diags, tc.want)
 		}
 	}
-	d := bindForTest(t, Host{GPU: &fixedGPU{}, Run: &fakeRunner{}}, `nvidia_driver "h" { version = "580.95.05" }`)
+	d := bindForTest(t, Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}}, `nvidia_driver "h" { version = "580.95.05" }`)
 	if !d.blacklist || d.rebootAllowed {
 		t.Errorf("defaults: blacklist %v, reboot allowed %v", d.blacklist, d.rebootAllowed)
 	}

@@ -50,7 +50,7 @@ func (s serverStopper) StopGPUServers(ctx context.Context, stateDir string, gpuP
 			continue
 		}
 		addr := strings.TrimSuffix(filepath.Base(f), ".json")
-		// Host PIDs, whatever the place: the host's /proc sees container processes too.
+		// Machine PIDs, whatever the place: the host's /proc sees container processes too.
 		// The port check only means something in the agent's own network namespace.
 		port := rec.Port
 		if rec.Place != "" && rec.Place != "host" {

@@ -11,9 +11,11 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 )
 
-// Host is what resource kinds need from the machine. Everything is passed in, never
-// taken from globals, so tests replace any part: a mock GPU, a fake /proc root.
-type Host struct {
+// Machine is what resource kinds need from the machine they act on (not to be mistaken
+// for a plan's host block, or for lifecycle.Local, the place a server runs in when it
+// runs on the host). Everything is passed in, never taken from globals, so tests replace
+// any part: a mock GPU, a fake /proc root.
+type Machine struct {
 	// GPU observes NVIDIA GPUs; nil means gpu.Default(Root).
 	GPU gpu.Observer
 	// Proc reads processes; the zero value reads /proc.
@@ -22,7 +24,7 @@ type Host struct {
 	Root string
 	// Run runs host commands (the driver installer, the package manager, nvidia-smi,
 	// modprobe, systemctl reboot); nil runs them for real (ExecRunner).
-	Run Runner
+	Run CommandRunner
 	// StopGPUServers stops the agent's servers that use the GPUs before a driver change
 	// (the server resource implements it); nil: a driver change refuses to run while
 	// processes use the GPUs, and names them.
@@ -37,7 +39,7 @@ type Host struct {
 	StateDir string
 }
 
-func (h Host) withDefaults() Host {
+func (h Machine) withDefaults() Machine {
 	if h.GPU == nil {
 		h.GPU = gpu.Default(h.Root)
 	}
@@ -51,7 +53,7 @@ func (h Host) withDefaults() Host {
 func Kinds() []agent.Kind { return KindsFor(hostFromEnv(os.Getenv)) }
 
 // KindsFor returns every resource kind, acting on h.
-func KindsFor(h Host) []agent.Kind {
+func KindsFor(h Machine) []agent.Kind {
 	h = h.withDefaults()
 	return []agent.Kind{
 		FileKind(),

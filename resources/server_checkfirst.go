@@ -7,11 +7,13 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 // checkBeforeBreak checks, before a relaunch stops anything, what would make the new
 // generation fail to start where it runs (lifecycle.Preflight: the command, the working
-// directory, the log directory and the new log path), so that a typo in command, a log
+// directory, the log directory and the new log path, with room to spare) or fail to be
+// recorded (the state directory, with room to spare), so that a typo in command, a log
 // directory the agent cannot write or a directory at the log path never takes a healthy
 // server down (issue 13, 4). Whether the model fits the GPUs is Check's preflight (it
 // counts the generation being replaced as freed, and preflight = "enforce" refuses
@@ -36,6 +38,12 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	}
 	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user}
 	err = lc.Preflight(ctx, spec, lifecycle.LogFile{Dir: s.logDir, Name: s.name, Generation: gen})
+	if err == nil && env.State != nil {
+		// The next launch must be recorded (its PID, start time, generation) before
+		// anything is stopped: a full state disk must never leave the host serving
+		// nothing (issue 27).
+		err = env.State.CheckRoom(state.MinFree)
+	}
 	if err == nil && running && s.preflightMode != "off" {
 		// A running server is not stopped for a launch whose model would not fit even
 		// once it is gone (its memory counts as freed): with preflight = "warn" a
@@ -59,7 +67,8 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 // generation serving, and says so itself.
 func (det *serverDetail) afterBreak(err error) error {
 	var se *lifecycle.SmokeError
-	if err == nil || !det.stopped || det.prev == nil || errors.As(err, &se) {
+	var re *revertedError // it says itself what serves
+	if err == nil || !det.stopped || det.prev == nil || errors.As(err, &se) || errors.As(err, &re) {
 		return err
 	}
 	return fmt.Errorf("generation %d (pid %d) was stopped, verified, then: %w", det.prev.Generation, det.prev.PID, err)

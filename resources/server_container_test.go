@@ -51,9 +51,11 @@ variable "mem" {
   default = 0.8
 }
 variable "faults" { default = "" }
+variable "revert" { default = true }
 
 server "qwen" {
   container = container.c.name
+  revert    = var.revert
   command   = ["fake-sglang"]
   flags = {
     "model-path"                   = "Qwen/Qwen3-8B"
@@ -110,7 +112,7 @@ func (h *ctrSrvHarness) engine(withServer bool, vars ...string) *agent.Engine {
 		src += ctrSrvServer
 	}
 	vars = append([]string{"incus_socket=" + h.d.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, src, KindsFor(Host{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	return testEngine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 }
 
 // step returns the server's step of a report.
@@ -227,8 +229,9 @@ func TestServerInContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantEnv := []string{"FAKE_SGLANG=", "FAKE_SGLANG_DECODE_INTERVAL=100ms", "HOME=/root",
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "WEIRD=a b'c\"$(touch /pwned) ; *\nline2", first.Marker}
+	wantEnv := []string{"FAKE_SGLANG=", "FAKE_SGLANG_DECODE_INTERVAL=100ms", "FLASHINFER_WORKSPACE_BASE=/root", "HOME=/root",
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TORCHINDUCTOR_CACHE_DIR=/root/.cache/torchinductor",
+		"TRITON_CACHE_DIR=/root/.cache/triton", "WEIRD=a b'c\"$(touch /pwned) ; *\nline2", first.Marker}
 	if !slices.Equal(env, wantEnv) {
 		t.Errorf("environment inside = %q, want exactly %q", env, wantEnv)
 	}
@@ -315,14 +318,15 @@ func TestServerInContainer(t *testing.T) {
 		t.Fatalf("generation 4 = %+v", fourth)
 	}
 
-	// An OOM at launch: the error quotes that generation's log, inside the container.
+	// An OOM at launch: the error quotes that generation's log, inside the container,
+	// and generation 4's command line serves again (issue 25).
 	oom := h.apply("faults=oom")
 	if oom.Err == nil {
 		t.Fatal("an OOM launch applied without error")
 	}
 	msg := oom.Err.Error()
-	for _, want := range []string{"launch of generation 5 failed", "exited", "out of GPU memory", "CUDA out of memory",
-		"/var/log/agent/qwen.5.log (in container " + h.name + ")"} {
+	for _, want := range []string{"generation 5 failed (out of GPU memory", "CUDA out of memory",
+		"rolled back to generation 4's command line, verified, serving (generation 6"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("apply error lacks %q:\n%s", want, msg)
 		}
@@ -335,14 +339,15 @@ func TestServerInContainer(t *testing.T) {
 	}
 	s := h.status("faults=oom")
 	mustOK(t, s)
-	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "5" {
+	if s.Status.Healthy || !strings.Contains(s.Status.Summary, "the plan's generation 5 was rolled back") || !strings.Contains(s.Status.Summary, "out of GPU memory") || fieldOf(s.Status, "generation") != "6" {
 		t.Errorf("status = %+v", s.Status)
 	}
 
-	// Back to health, then the container stops: the plan says so instead of guessing.
+	// Back to the plan's defaults (generation 4 ignored SIGTERM: a relaunch, generation
+	// 7), then the container stops: the plan says so instead of guessing.
 	mustOK(t, h.apply())
-	if r := h.record(); r.Generation != 6 || !alive(r.id()) {
-		t.Fatalf("generation 6 = %+v", r)
+	if r := h.record(); r.Generation != 7 || !alive(r.id()) {
+		t.Fatalf("generation 7 = %+v", r)
 	}
 	if err := h.d.Client.Stop(ctx, h.name, 10*time.Second); err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ func (s *Server) bindEnsure(r *plans.Resource, ensure *string, bad func(hcl.Rang
 // orphanServer is the deleter of a server whose block left the plan, from its record
 // alone: where it runs, its process, its port, and the stop block it was launched with.
 // A record already stopped for good has nothing left to delete (nil).
-func orphanServer(h Host, addr string, st *state.Scoped) (agent.Resource, error) {
+func orphanServer(h Machine, addr string, st *state.Scoped) (agent.Resource, error) {
 	var rec serverRecord
 	has, err := st.Load(&rec)
 	if err != nil {

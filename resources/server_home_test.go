@@ -46,7 +46,7 @@ func TestServerHome(t *testing.T) {
 	t.Setenv("HOME", "/nonexistent-agent-home") // the agent's own: never the server's
 	engine := func(vars ...string) *agent.Engine {
 		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + filepath.Join(h.dir, "logs"), "port=" + strconv.Itoa(port)}, vars...)
-		return testEngine(t, h.dir, homePlan, KindsFor(Host{}), h.store, agent.Options{}, vars...)
+		return testEngine(t, h.dir, homePlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 	}
 	homeOf := func(r serverRecord) string {
 		env, err := proc.FS{}.Environ(r.PID)
@@ -93,7 +93,7 @@ func TestServerHome(t *testing.T) {
 	if _, diags := bindPlan(`server "x" {
   command = ["x"]
   home    = "relative"
-}`, KindsFor(Host{})); !diags.HasErrors() || !strings.Contains(diags.Error(), "Relative home") {
+}`, KindsFor(Machine{})); !diags.HasErrors() || !strings.Contains(diags.Error(), "Relative home") {
 		t.Errorf("relative home accepted: %v", diags)
 	}
 }

@@ -2,6 +2,7 @@ package resources
 
 import (
 	"context"
+
 	"github.com/agent-dev/agent/internal/lifecycle"
 )
 

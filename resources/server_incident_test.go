@@ -202,7 +202,7 @@ func TestServerRelaunchChecksFirstThenStops(t *testing.T) {
 	ro := filepath.Join(h.dir, "ro")
 	os.Mkdir(ro, 0o755)
 	immutable(t, ro)
-	untouched("a log dir root cannot write", h.apply("logs="+ro, "mem=0.85"), "log dir "+ro+" is not writable")
+	untouched("a log dir root cannot write", h.apply("logs="+ro, "mem=0.85"), "log dir: "+ro+" is not writable")
 
 	dirAtLink := filepath.Join(h.dir, "linkdir")
 	os.MkdirAll(filepath.Join(dirAtLink, "qwen.log"), 0o755)
@@ -211,7 +211,8 @@ func TestServerRelaunchChecksFirstThenStops(t *testing.T) {
 	// log_dir is not part of the identity: the flag change above is the relaunch.
 	// What cannot be checked first (here an OOM while loading) fails after the stop,
 	// and the error says that the previous generation was stopped.
-	st := h.apply("faults=oom")
+	// (revert = false: with it, the change is rolled back, server_revert_test.go.)
+	st := h.apply("faults=oom", "revert=false")
 	if st.Err == nil || !strings.Contains(st.Err.Error(), fmt.Sprintf("generation 1 (pid %d) was stopped, verified, then: launch of generation 2 failed", first.PID)) {
 		t.Errorf("apply of an OOM: %v", st.Err)
 	}

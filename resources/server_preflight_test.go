@@ -66,7 +66,7 @@ func TestServerPreflight(t *testing.T) {
   preflight = "` + tt.mode + `"
 }
 `
-			kinds := []agent.Kind{ServerKind(Host{GPU: staticGPU{tt.info}})}
+			kinds := []agent.Kind{ServerKind(Machine{GPU: staticGPU{tt.info}})}
 			e := testEngine(t, dir, src, kinds, openStore(t, filepath.Join(dir, "state")), agent.Options{})
 			st := e.Plan(context.Background()).Steps[0]
 			if tt.wantErr != "" {
@@ -125,7 +125,7 @@ server "qwen" {
 }
 `
 	apply := func(info gpu.Info, mem string) *agent.Step {
-		kinds := KindsFor(Host{GPU: staticGPU{info}})
+		kinds := KindsFor(Machine{GPU: staticGPU{info}})
 		return testEngine(t, h.dir, src, kinds, h.store, agent.Options{}, "mem="+mem).Apply(context.Background(), nil).Steps[0]
 	}
 	mustOK(t, apply(twoA6000(47<<30, 47<<30), "0.85"))

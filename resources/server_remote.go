@@ -19,7 +19,7 @@ import (
 const RemoteWatchEvery = time.Second
 
 // incusRunner is the Incus runner of the instance name, through the plan's Incus
-// socket (one client per socket, shared by runs). Host.IncusRemote makes it work
+// socket (one client per socket, shared by runs). Machine.IncusRemote makes it work
 // through the Incus API only, as for an instance on another member.
 func (s *Server) incusRunner(env *agent.Env, name string) *lifecycle.Incus {
 	explicit := ""

@@ -17,7 +17,7 @@ import (
 
 // TestServerInContainerOnRemoteMember: a server in a container on m2 that the agent
 // reaches through the Incus API only (through m1's socket the runner decides so itself;
-// through m2's, Host.IncusRemote forces it: the test cluster's members share this host,
+// through m2's, Machine.IncusRemote forces it: the test cluster's members share this host,
 // where /proc would otherwise be used), with the assertions of the local
 // path: a record written by the /proc path is still read as it was (no relaunch) and
 // stopped, verified; the verified launch recorded in the container's own PID
@@ -35,7 +35,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	m2 := c.Member("m2")
 	engine := func(remote bool, vars ...string) *agent.Engine {
 		vars = append([]string{"incus_socket=" + m2.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-		return testEngine(t, h.dir, src, KindsFor(Host{GPU: a6000, IncusRemote: remote}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000, IncusRemote: remote}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 	}
 	apply := func(vars ...string) *agent.Step {
 		return h.step(engine(true, vars...).Apply(context.Background(), nil))
@@ -176,7 +176,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	}
 
 	// An OOM at launch: the error quotes that generation's log, read through Incus.
-	oom := apply("faults=oom")
+	oom := apply("faults=oom", "revert=false") // the rolled-back case: TestServerInContainer
 	if oom.Err == nil {
 		t.Fatal("an OOM launch applied without error")
 	}
@@ -190,7 +190,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	if strings.Contains(msg, "fired up") {
 		t.Errorf("the error quotes another generation's lines:\n%s", msg)
 	}
-	if s := h.step(engine(true, "faults=oom").Status(ctx)); s.Err != nil || s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") {
+	if s := h.step(engine(true, "faults=oom", "revert=false").Status(ctx)); s.Err != nil || s.Status.Healthy || !strings.Contains(s.Status.Summary, "out of GPU memory") {
 		t.Errorf("status after the OOM = %v %+v", s.Err, s.Status)
 	}
 	mustOK(t, apply())
@@ -268,7 +268,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	ninth := h.record()
 	ctrOnly := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1)
 	vars := []string{"incus_socket=" + m2.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}
-	rep := testEngine(t, h.dir, ctrOnly, KindsFor(Host{GPU: a6000, IncusRemote: true}), h.store, agent.Options{StepTimeout: 2 * time.Minute, Orphans: agent.OrphansDelete, AllowDeleteAll: true}, vars...).Apply(ctx, nil)
+	rep := testEngine(t, h.dir, ctrOnly, KindsFor(Machine{GPU: a6000, IncusRemote: true}), h.store, agent.Options{StepTimeout: 2 * time.Minute, Orphans: agent.OrphansDelete, AllowDeleteAll: true}, vars...).Apply(ctx, nil)
 	for _, st := range rep.Steps {
 		if st.Err != nil {
 			t.Fatalf("%s: %v", st.Addr, st.Err)

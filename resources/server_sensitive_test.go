@@ -42,8 +42,8 @@ server "qwen" {
 
 func sensitiveServer(t *testing.T, vars ...string) *Server {
 	t.Helper()
-	p := loadPlan(t, t.TempDir(), sensitivePlan, KindsFor(Host{}), vars...)
-	rs, diags := agent.Bind(p, KindsFor(Host{}))
+	p := loadPlan(t, t.TempDir(), sensitivePlan, KindsFor(Machine{}), vars...)
+	rs, diags := agent.Bind(p, KindsFor(Machine{}))
 	if diags.HasErrors() {
 		t.Fatal(diags.Error())
 	}
@@ -183,7 +183,7 @@ func TestSensitiveLegacyRecordOfARunningServerIsNoOp(t *testing.T) {
 	h := newSrvHarness(t)
 	engine := func(vars ...string) *agent.Engine {
 		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + h.logs(), "port=" + fmt.Sprint(h.port)}, vars...)
-		return testEngine(t, h.dir, liveSensitivePlan, KindsFor(Host{}), h.store, agent.Options{}, vars...)
+		return testEngine(t, h.dir, liveSensitivePlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 	}
 	mustOK(t, engine().Apply(context.Background(), nil).Steps[0])
 	first := h.record()

@@ -36,6 +36,7 @@ server "qwen" {
     timeout = "1s"
   }
   log_dir = var.logs
+  revert  = false # the failed launch stays reported (server_revert_test.go rolls back)
 }
 `
 
@@ -50,7 +51,7 @@ func TestServerServeEntryPoint(t *testing.T) {
 	run := func(op string, vars ...string) *agent.Step {
 		t.Helper()
 		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + logs, "port=" + strconv.Itoa(port)}, vars...)
-		e := testEngine(t, h.dir, serveEntryPlan, KindsFor(Host{}), h.store, agent.Options{}, vars...)
+		e := testEngine(t, h.dir, serveEntryPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 		switch op {
 		case "plan":
 			return e.Plan(context.Background()).Steps[0]

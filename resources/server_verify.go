@@ -16,7 +16,7 @@ import (
 // alive and still ready through ready.settle, and past its smoke test. An agent killed
 // between the start and the end of that verification leaves a record with a PID but no
 // VerifiedAt; the next Check turns it into a "verify" step instead of calling it
-// converged, and that step finishes the verification, failing with the launch's own log
+// converged, and that step completes the verification, failing with the launch's own log
 // when the server dies (issue 13, 3).
 
 // launchFailure is why the agent stopped a launch that failed its verification, kept
@@ -42,7 +42,7 @@ func settleDuration(p *string, bad func(hcl.Range, string, string), rng hcl.Rang
 	return d
 }
 
-// verified reports whether the recorded launch finished its verification: verified, or
+// verified reports whether the recorded launch completed its verification: verified, or
 // ready and settled with only its smoke test failed (a degraded server, left running and
 // reported by status, not re-tested on every run). An adopted process was not launched
 // by the agent: it was found serving, and readiness is all it is judged by.
@@ -50,7 +50,7 @@ func (r *serverRecord) verified() bool {
 	return r.Adopted || !r.VerifiedAt.IsZero() || r.SmokeFailure != ""
 }
 
-// verifyDiff is the step that finishes the verification of a running, matching launch.
+// verifyDiff is the step that completes the verification of a running, matching launch.
 func (s *Server) verifyDiff(env *agent.Env, rec *serverRecord) *agent.Diff {
 	was := fmt.Sprintf("generation %d (pid %d) launched, never verified", rec.Generation, rec.PID)
 	if !rec.LaunchedAt.IsZero() {
@@ -62,7 +62,7 @@ func (s *Server) verifyDiff(env *agent.Env, rec *serverRecord) *agent.Diff {
 	return &agent.Diff{Changes: []agent.Change{c}, Detail: &serverDetail{prev: rec, verify: true}}
 }
 
-// verifyRecorded finishes the verification of the recorded launch rec, as its own
+// verifyRecorded completes the verification of the recorded launch rec, as its own
 // launch would have: what is left of ready.timeout since it was launched, the settle
 // period, the smoke test. A launch that fails is stopped (verified) and reported with
 // its own log.
@@ -92,6 +92,12 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 		rec.ReadyAt = x.ReadyAt
 	}
 	rec.VerifiedAt = x.VerifiedAt
+	if x.Smoke != nil || !rec.VerifiedAt.IsZero() {
+		rec.SmokeDigest, rec.SmokeRanAt = smokeDigest(s.smoke), time.Time{} // the launch's own
+	}
+	if !rec.VerifiedAt.IsZero() {
+		rec.LastGood = nil // verified: this generation is the way back from now on
+	}
 	var se *lifecycle.SmokeError
 	if errors.As(err, &se) {
 		rec.SmokeFailure = se.Result.Reason
@@ -112,6 +118,9 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 // launchSmokeVerdict adds the smoke test's verdict at launch to status (without running
 // it), and returns the problem it is, if any.
 func (s *Server) launchSmokeVerdict(field func(agent.Field), metrics map[string]float64, rec *serverRecord) []string {
+	if problems, ok := s.smokeVerdict(field, metrics, rec); ok {
+		return problems
+	}
 	switch {
 	case rec.SmokeFailure != "":
 		field(agent.TextField("smoke_test", "smoke test", "failed").WithText("failed at launch: " + rec.SmokeFailure + " (agent status --smoke runs it again)"))

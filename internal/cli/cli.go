@@ -47,7 +47,7 @@ const usage = `agent: declarative provisioning for GPU inference hosts
 Usage:
   agent validate PLAN     parse and type-check a plan (no host access)
   agent plan PLAN         show what apply would change (exit 0 none, 2 changes, 1 error)
-  agent plan -out FILE PLAN  also save it: the diff and what it observed, for apply FILE
+  agent plan -out F PLAN  also save it to F, bound to what it observed (for apply F)
   agent apply PLAN        apply the plan in dependency order, verifying every step
   agent apply FILE        apply exactly a saved plan, if the host and plan still match it
   agent show FILE         print a saved plan as agent plan did (no host access)
@@ -236,6 +236,12 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	if err != nil {
 		fmt.Fprintf(stderr, "agent %s: %v\n", cmd, err)
 		return exitUsage
+	}
+	if o.out != "" {
+		if err := savedplan.CanWrite(o.out); err != nil {
+			fmt.Fprintf(stderr, "agent %s: %v\n", cmd, err)
+			return exitUsage
+		}
 	}
 	planPath := pos[0]
 	var saved *savedplan.File

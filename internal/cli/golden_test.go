@@ -32,6 +32,8 @@ var (
 	durationRE = `(\d+(\.\d+)?(ns|µs|us|ms|s|m|h))+`
 	stepDurRE  = regexp.MustCompile(`\(` + durationRE + `\)$`)
 	agoRE      = regexp.MustCompile(`\b` + durationRE + ` ago\b`)
+	// phaseRE is a start phase's measured time in a status ("start: weights loaded  1s").
+	phaseRE = regexp.MustCompile(`(start: [a-z ]+?\s+)` + durationRE + `$`)
 )
 
 // normalize is the normalizer of the golden scripts, one for all of them.
@@ -57,6 +59,7 @@ func normalize(getenv func(string) string, text string) string {
 	lines := strings.Split(text, "\n")
 	for i, l := range lines {
 		l = stepDurRE.ReplaceAllString(l, "(DUR)")
+		l = phaseRE.ReplaceAllString(l, "${1}DUR")
 		lines[i] = agoRE.ReplaceAllString(l, "DUR ago")
 	}
 	return strings.Join(lines, "\n")
@@ -68,6 +71,7 @@ func normalize(getenv func(string) string, text string) string {
 // access-log line's quote are escaped in JSON strings.
 var (
 	durationMSRE = regexp.MustCompile(`"duration_ms": \d+`)
+	phaseJSONRE  = regexp.MustCompile(`("key": "start_[a-z_]+_seconds",\s*"name": "[^"]*",\s*"value": )[\d.e+-]+(,\s*"text": ")[^"]*"`)
 	pidFieldRE   = regexp.MustCompile(`("key": "(?:pid|[a-z_]+_pid)",\s*"name": "[^"]*",\s*"value": )\d+(,\s*"text": ")\d+`)
 	clientJSONRE = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - \\"`)
 )
@@ -79,6 +83,7 @@ func normalizeJSON(getenv func(string) string, doc string) string {
 		doc = strings.ReplaceAll(doc, `\"`+host+`\"`, `\"HOSTNAME\"`)
 	}
 	doc = durationMSRE.ReplaceAllString(doc, `"duration_ms": "DUR"`)
+	doc = phaseJSONRE.ReplaceAllString(doc, `${1}"DUR"${2}DUR"`)
 	doc = pidFieldRE.ReplaceAllString(doc, `${1}"PID"${2}PID`)
 	doc = clientJSONRE.ReplaceAllString(doc, `127.0.0.1:CLIENT - \"`)
 	return normalize(getenv, doc)

@@ -181,6 +181,15 @@ func TestJSONOutput(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, "restart.plan")); err != nil || bytes.Contains(b, []byte("hf_other_secret")) || bytes.Contains(b, []byte("hf_planted_secret")) {
 		t.Errorf("the saved plan (%v) holds a secret:\n%s", err, b)
 	}
+	// It is refused once a managed file was edited by hand (then put back as it was).
+	motd := filepath.Join(dir, "root", "motd")
+	if err := os.WriteFile(motd, []byte("by hand\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("apply_saved_stale", 1, "apply", "restart.plan", "-var", "token=hf_other_secret")
+	if err := os.WriteFile(motd, []byte("hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	check("apply_failed", 1, "apply", "fail.hcl", "--state-dir="+filepath.Join(dir, "state-fail"))
 
 	// Another agent holds the lock.
@@ -234,8 +243,6 @@ func TestJSONOutput(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	check("status_degraded", 3, "status", "plan.hcl", sd)
-	// The saved plan is refused: the server it saw is gone (and agent run acted since).
-	check("apply_saved_stale", 1, "apply", "restart.plan", "-var", "token=hf_other_secret")
 
 	check("destroy", 0, "destroy", "plan.hcl", sd)
 }

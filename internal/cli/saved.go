@@ -144,7 +144,16 @@ func applySaved(ctx context.Context, eng *agent.Engine, f *savedplan.File, path 
 	record := func(outcome string) error {
 		return store.RecordAppliedPlan(f.ID, state.AppliedPlan{File: abs, At: time.Now().UTC(), Outcome: outcome})
 	}
-	rep, err := eng.ApplySaved(ctx, f.Fingerprints(), func() error { return record("started") }, onEvent)
+	begin := func() error {
+		if err := record("started"); err != nil {
+			return err
+		}
+		if !o.json {
+			fmt.Fprintf(human.W, "Every resource observed again matches %s (saved %s): applying exactly it.\n", path, f.CreatedAt.Format(time.RFC3339))
+		}
+		return nil
+	}
+	rep, err := eng.ApplySaved(ctx, f.Fingerprints(), begin, onEvent)
 	if err != nil {
 		return nil, err
 	}

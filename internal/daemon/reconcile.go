@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -205,7 +206,7 @@ func (d *Daemon) process(addr string) {
 	if d.debugOn() {
 		d.log.Debug("reconciled", append([]any{"resource", addr}, verdict(st)...)...)
 	}
-	d.finish(eng, gen, addr, rs, st, now)
+	d.settle(eng, gen, addr, rs, st, now)
 }
 
 // terminalHeld observes a resource under a terminal hold (never acting) and reports
@@ -325,8 +326,8 @@ func (d *Daemon) backoff(n int) time.Duration {
 	return min(time.Duration(float64(w)*(0.8+0.4*rand.Float64())), hi)
 }
 
-// finish records a reconcile's outcome and schedules the resource's next turn.
-func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
+// settle records a reconcile's outcome and schedules the resource's next turn.
+func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start time.Time) {
 	d.mu.Lock()
 	rs.inFlight, rs.phase, rs.action, rs.live, rs.progress = false, "", "", nil, nil
 	now := time.Now()
@@ -337,7 +338,7 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	}
 	if agent.IsRolloutWait(st.Err) {
 		// Its group is at max_unavailable: nothing was tried, so nothing failed and no
-		// backoff starts. It is queued again as soon as a member of its group finishes
+		// backoff starts. It is queued again as soon as a member of its group ends
 		// a reconcile (wakeRollout), and at its resync in any case.
 		rs.step, rs.converged, rs.gen, rs.done = st, false, gen, now
 		d.queue.AddAfter(addr, d.resync())
@@ -411,6 +412,22 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 			}
 		}
 		d.armWatch(eng, gen, addr, rs)
+	} else if hostFault(st.Err) {
+		// Never the resource's fault: the host cannot take the change now (its state or
+		// log disk is full), and the server kind refused before stopping anything. No
+		// failure counts toward its backoff: it is tried again at the shortest wait,
+		// each time, so it goes ahead as soon as the host has room (issue 27: the
+		// backoff kept it down 20 s after space returned).
+		rs.converged = false
+		wait := orDefault(d.cfg.BackoffMin, DefaultBackoffMin)
+		rs.until, rs.terminal, rs.holdSeen = time.Time{}, false, ""
+		d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
+		d.metrics.failures.WithLabelValues(addr).Inc()
+		d.log.Error("resource failed: the host cannot take the change now; no backoff", "resource", addr, "error", st.Err, "retry_in", wait.Round(time.Millisecond).String())
+		next = wait
+		for _, dep := range d.shape.dependents[addr] {
+			d.queue.Add(dep)
+		}
 	} else {
 		rs.converged = false
 		if rs.downSince.IsZero() {
@@ -462,6 +479,12 @@ func (d *Daemon) finish(eng *agent.Engine, gen int, addr string, rs *resState, s
 	rs.inFlight, rs.phase = false, ""
 	d.mu.Unlock()
 	d.publish(addr)
+}
+
+// hostFault reports an error that was never the resource's: the host's disk is full (or
+// over quota) where the agent records or logs.
+func hostFault(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // died reports whether a repair was needed because what the agent launched died or went

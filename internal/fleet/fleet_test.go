@@ -145,3 +145,26 @@ func TestPublishAndRead(t *testing.T) {
 		return err == nil && len(st.Hosts) == 1 && !st.Hosts[0].Reachable && st.Degraded() && st.Hosts[0].Summary.Host == "kpro5"
 	})
 }
+
+// A member that left every rollout group (its block left the plan) keeps nothing in
+// etcd: Keep drops what this or an earlier process held for it.
+func TestKeepDropsMembersThatLeftTheGroups(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	view := client(t, cl, "viewer", true)
+	first := client(t, cl, "kpro5", false)
+	p := NewPermits(first, nil)
+	if err := p.Take(context.Background(), "qwen", "server.old", "restart", 1); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	first.Abandon()
+	next := NewPermits(client(t, cl, "kpro5", false), nil)
+	defer next.Close()
+	next.Mark("qwen", "server.gone", "exited")
+	waitFor(t, "two permits", func() bool { return len(group(t, view).Permits) == 2 })
+	next.Keep([]string{"server.qwen"})
+	waitFor(t, "both dropped", func() bool { return len(group(t, view).Permits) == 0 })
+	if next.Held() {
+		t.Error("Held after Keep dropped everything")
+	}
+}

@@ -36,7 +36,9 @@ type Permits struct {
 	stops map[string]string
 	stale map[string]string
 	// ok are the members released (found healthy) since their last mark.
-	ok     map[string]bool
+	ok map[string]bool
+	// kept are this host's members in rollout groups (Keep; nil: not said yet).
+	kept   map[string]bool
 	loaded bool
 	kick   chan struct{}
 
@@ -134,6 +136,40 @@ func (p *Permits) Release(addr string) {
 	p.ok[addr] = true
 	if wanted || had || stopped || stale {
 		p.poke()
+	}
+}
+
+// Keep drops what etcd holds for this host's members that are in no rollout group any
+// more (their block left the plan or its group): nothing would ever release them.
+func (p *Permits) Keep(addrs []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.kept = map[string]bool{}
+	for _, a := range addrs {
+		p.kept[a] = true
+	}
+	p.dropUnkept()
+	p.poke()
+}
+
+// dropUnkept releases every member not kept (under p.mu).
+func (p *Permits) dropUnkept() {
+	if p.kept == nil {
+		return
+	}
+	for _, set := range []map[string]string{p.stale, p.stops} {
+		for a := range set {
+			if !p.kept[a] {
+				p.ok[a] = true
+			}
+		}
+	}
+	for a := range p.want {
+		if !p.kept[a] {
+			delete(p.want, a)
+			delete(p.fails, a)
+			p.ok[a] = true
+		}
 	}
 }
 
@@ -299,6 +335,7 @@ func (p *Permits) load(ctx context.Context) error {
 			p.stops[g.Stop.Member] = g.Name
 		}
 	}
+	p.dropUnkept()
 	p.loaded = true
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/trust"
 )
 
@@ -88,12 +89,11 @@ func (h Local) Preflight(ctx context.Context, s Spec, log LogFile) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("log %s: %w", log.Path(), err)
 	}
-	probe, err := os.CreateTemp(log.Dir, ".agent-preflight-*")
-	if err != nil {
-		return fmt.Errorf("log dir %s is not writable: %w", log.Dir, err)
+	// Writable, with room for the new generation's log: a full disk is the host's
+	// fault, found before a healthy generation is stopped (issue 27).
+	if err := state.CheckRoom(log.Dir, state.MinFree); err != nil {
+		return fmt.Errorf("log dir: %w", err)
 	}
-	probe.Close()
-	os.Remove(probe.Name())
 	return nil
 }
 

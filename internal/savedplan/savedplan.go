@@ -199,6 +199,22 @@ func Write(path string, f *File) error {
 	return nil
 }
 
+// CanWrite says whether Write may write path: a new file, or a saved plan it replaces;
+// never a plan file (a slip of `-out plan.hcl plan.hcl` would lose it), nor anything else
+// that exists.
+func CanWrite(path string) error {
+	if strings.HasSuffix(path, ".hcl") {
+		return fmt.Errorf("-out %s: a saved plan is not a plan file (*.hcl): name it like %s", path, strings.TrimSuffix(path, ".hcl")+".plan")
+	}
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if !Sniff(path) {
+		return fmt.Errorf("-out %s: it exists and is not a saved plan; it is not overwritten: choose another name, or remove it", path)
+	}
+	return nil
+}
+
 // Sniff reports whether the file at path looks like a saved plan (a JSON object naming
 // its format) rather than a plan file: how `agent apply ARG` tells them apart.
 func Sniff(path string) bool {

@@ -83,7 +83,10 @@ func TestPlantedSecretsAppearNowhere(t *testing.T) {
 	var transcript bytes.Buffer // everything the agent printed
 	run := func(want int, args ...string) string {
 		t.Helper()
-		args = append(args, "--state-dir", state, "--log-level", "debug",
+		if args[0] != "validate" { // validate touches no host: it takes no --state-dir
+			args = append(args, "--state-dir", state)
+		}
+		args = append(args, "--log-level", "debug",
 			"-var", "root="+host, "-var", "fake_sglang="+fakeBin, "-var", "port="+strconv.Itoa(port),
 			"-var", "hub="+hub.URL, "-var", "api_key="+apiSecret)
 		cmd := exec.Command(agentBin, args...)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -303,6 +304,22 @@ func (m *Member) Stop() error {
 		return nil
 	}
 	return m.stop()
+}
+
+// Freeze stops the member's incusd with SIGSTOP: a hung daemon, alive to the kernel
+// (its sockets accept connections) but answering nothing; the cluster marks it Offline
+// once its heartbeats are missed. thaw sends SIGCONT.
+func (m *Member) Freeze() (thaw func() error, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd == nil || m.cmd.Process == nil {
+		return nil, fmt.Errorf("member %s is not running", m.Name)
+	}
+	p := m.cmd.Process
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return nil, err
+	}
+	return func() error { return p.Signal(syscall.SIGCONT) }, nil
 }
 
 // Restart starts a stopped member's daemon again on its directory and waits until the

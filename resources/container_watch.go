@@ -1,0 +1,75 @@
+package resources
+
+import (
+	"context"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
+)
+
+var _ agent.Watcher = (*Container)(nil)
+
+// MemberWatchEvery is how often the watch of a container on a cluster member asks the
+// cluster how that member stands. One GET of the member (the cluster's database answers
+// it, from any member): negligible at idle.
+const MemberWatchEvery = 5 * time.Second
+
+// Watch returns once the cluster member holding the instance is no longer Online as the
+// cluster reports it (a member whose incusd hangs or died: Offline once its heartbeats
+// are missed), so that `agent run` observes the container again within seconds and its
+// status says what the cluster says, instead of "running, matches the plan" until the
+// next resync (issue 27: 36 s after the cluster had marked the member Offline). An
+// instance that is not on a cluster member has nothing to watch here.
+func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
+	if k.absent {
+		return agent.ErrNothingToWatch
+	}
+	k, _, err := k.liveView(env)
+	if err != nil {
+		return err
+	}
+	c := k.client(env)
+	member, err := c.InstanceMember(ctx, k.name)
+	if err != nil || member == "" || member == "none" {
+		return agent.ErrNothingToWatch
+	}
+	t := time.NewTicker(MemberWatchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		if m, err := memberState(ctx, c, member); err == nil && !m.Online() {
+			env.Log.Info("the instance's cluster member is not online; observing the container now", "member", member, "state", m.Describe())
+			return nil
+		}
+	}
+}
+
+// memberState is the member as the cluster reports it, under a short deadline of its own
+// (the member the agent talks to may itself be the one that hangs).
+func memberState(ctx context.Context, c *incus.Client, member string) (*incus.ClusterMember, error) {
+	ctx, cancel := context.WithTimeout(ctx, MemberWatchEvery)
+	defer cancel()
+	return c.ClusterMember(ctx, member)
+}
+
+// downMember returns the member holding instance, and the cluster's word on it, when that
+// member is not online; "" and nil otherwise (not on a cluster, online, or the cluster
+// cannot tell). Asked before the instance itself: the cluster's database answers both
+// from any member, while a read of the instance is forwarded to its member, and one
+// whose incusd hangs never answers it (issue 27: a status that waited for the step's
+// whole timeout).
+func downMember(ctx context.Context, c *incus.Client, instance string) (string, error) {
+	member, err := c.InstanceMember(ctx, instance)
+	if err != nil || member == "" || member == "none" {
+		return "", nil
+	}
+	if err := memberOnline(ctx, c, member, instance); err != nil {
+		return member, err
+	}
+	return "", nil
+}
