@@ -18,6 +18,8 @@ import (
 type finConfig struct {
 	Value      string `hcl:"value"`
 	FinishFail *bool  `hcl:"finish_fail,optional"`
+	// FinishLies: Finish says it did the work and did not (the old one keeps serving).
+	FinishLies *bool `hcl:"finish_lies,optional"`
 }
 
 type fin struct {
@@ -64,6 +66,9 @@ func (f *fin) unfinished() string {
 func (f *fin) Finish(ctx context.Context, env *Env) error {
 	if f.cfg.FinishFail != nil && *f.cfg.FinishFail {
 		return errors.New("cannot stop the old one")
+	}
+	if f.cfg.FinishLies != nil && *f.cfg.FinishLies {
+		return nil
 	}
 	f.h.mu.Lock()
 	defer f.h.mu.Unlock()
@@ -168,26 +173,30 @@ func TestFinishAfterDependentsVerified(t *testing.T) {
 }
 
 // TestFinishFailureFailsTheStep: a Finish that fails is the resource's failure, with its
-// address, and the break work stays for the next apply.
+// address, and the break work stays for the next apply. So is a Finish that reports
+// success but leaves the old half serving: the engine verifies the break work with a
+// fresh Check, as every step, never with what Finish itself just wrote.
 func TestFinishFailureFailsTheStep(t *testing.T) {
 	t.Parallel()
-	h := newHost()
-	h.values["fin.ctr"] = "m2"
-	store, err := state.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var log []string
-	rep := finEngine(t, h, store, &log, `fin "ctr" {
-  value = "m3"
-  finish_fail = true
-}`, Options{}).Apply(context.Background(), nil)
-	st := rep.Steps[0]
-	if st.Err == nil || !strings.HasPrefix(st.Err.Error(), "fin.ctr: finish: cannot stop the old one") {
-		t.Fatalf("err = %v", st.Err)
-	}
-	if h.values["fin.ctr#old"] != "m2" {
-		t.Errorf("values %v", h.values)
+	for _, tc := range []struct{ option, err string }{
+		{"finish_fail", "fin.ctr: finish: cannot stop the old one"},
+		{"finish_lies", "fin.ctr: finish: still unfinished after finishing: old value m2"},
+	} {
+		h := newHost()
+		h.values["fin.ctr"] = "m2"
+		store, err := state.Open(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var log []string
+		rep := finEngine(t, h, store, &log, "fin \"ctr\" {\n  value = \"m3\"\n  "+tc.option+" = true\n}", Options{}).Apply(context.Background(), nil)
+		st := rep.Steps[0]
+		if st.Err == nil || !strings.HasPrefix(st.Err.Error(), tc.err) || st.Finished != "" {
+			t.Fatalf("%s: err = %v, finished %q", tc.option, st.Err, st.Finished)
+		}
+		if h.values["fin.ctr#old"] != "m2" {
+			t.Errorf("%s: values %v", tc.option, h.values)
+		}
 	}
 }
 

@@ -153,7 +153,11 @@ func (d *Driver) stopGPUUsers(ctx context.Context, env *agent.Env, before *drive
 		pids[i] = p.PID
 	}
 	reason := fmt.Sprintf("%s: driver %s → %s", d.addr, before.Loaded, d.version)
-	if err := d.host.StopGPUServers.StopGPUServers(ctx, d.stateDir(env), pids, reason); err != nil {
+	var records *state.View
+	if env.State != nil {
+		records = env.State.Others()
+	}
+	if err := d.host.StopGPUServers.StopGPUServers(ctx, records, pids, reason); err != nil {
 		return fmt.Errorf("stop the servers before the driver change: %w", err)
 	}
 	wait := d.release

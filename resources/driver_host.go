@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 // Command is one host command a resource runs: the driver installer, the package
@@ -77,8 +78,9 @@ type GPUServerStopper interface {
 	// says takeover = true, and returns when its servers are proven gone or ctx ends.
 	// reason is for its logs ("nvidia_driver.host: driver 570.x → 580.95.05").
 	// Processes it leaves running make the driver change fail, naming them.
-	// stateDir is the agent's state directory, where the servers' records are.
-	StopGPUServers(ctx context.Context, stateDir string, gpuPIDs []int, reason string) error
+	// records are the state's records, read-only (the driver's Scoped.Others): the
+	// servers' are there (resources/peers.go, serverRecords).
+	StopGPUServers(ctx context.Context, records *state.View, gpuPIDs []int, reason string) error
 }
 
 // HostRootEnv names the environment variable that moves the host's root for

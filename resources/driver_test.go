@@ -22,6 +22,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 // Fake host trees, unpacked into t.TempDir() (names like gpus/0000:01:00.0 contain
@@ -635,7 +636,7 @@ type stopper struct {
 	reason string
 }
 
-func (s *stopper) StopGPUServers(ctx context.Context, stateDir string, pids []int, reason string) error {
+func (s *stopper) StopGPUServers(ctx context.Context, records *state.View, pids []int, reason string) error {
 	s.called = append(s.called, pids)
 	s.reason = reason
 	s.obs.set(func(i *gpu.Info) {

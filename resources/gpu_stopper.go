@@ -2,18 +2,15 @@ package resources
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 // serverStopper is the GPUServerStopper wired in by KindsFor: before a driver change it
@@ -29,27 +26,21 @@ type serverStopper struct {
 
 var _ GPUServerStopper = serverStopper{}
 
-func (s serverStopper) StopGPUServers(ctx context.Context, stateDir string, gpuPIDs []int, reason string) error {
-	files, err := filepath.Glob(filepath.Join(stateDir, "resources", "server.*.json"))
-	if err != nil {
-		return err
-	}
+func (s serverStopper) StopGPUServers(ctx context.Context, records *state.View, gpuPIDs []int, reason string) error {
+	servers, err := serverRecords(records)
 	var errs []error
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		var rec serverRecord
-		if err := json.Unmarshal(data, &rec); err != nil || rec.PID <= 0 {
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, sr := range servers {
+		addr, rec := sr.addr, sr.rec
+		if rec.PID <= 0 {
 			continue
 		}
 		alive, err := s.proc.Alive(rec.id())
 		if err != nil || !alive || !s.holdsGPU(&rec, gpuPIDs) {
 			continue
 		}
-		addr := strings.TrimSuffix(filepath.Base(f), ".json")
 		// Machine PIDs, whatever the place: the host's /proc sees container processes too.
 		// The port check only means something in the agent's own network namespace.
 		port := rec.Port

@@ -2,10 +2,7 @@ package resources
 
 import (
 	"context"
-	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -46,20 +43,20 @@ func startGroup(t *testing.T) (*exec.Cmd, proc.Stat) {
 
 func TestServerStopperStopsOnlyRecordedServers(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "resources"), 0o700)
+	store := openStore(t, t.TempDir())
 	_, ours := startGroup(t)
 	_, foreign := startGroup(t)
 	// Its recorded stop block: SIGINT (which sleep obeys) within 5 s.
 	rec := serverRecord{Generation: 3, PID: ours.PID, StartTicks: ours.StartTicks, PGID: ours.PGRP, SID: ours.Session, Place: "host",
 		StopSignal: int(syscall.SIGINT), StopTimeout: 5 * time.Second}
-	data, _ := json.Marshal(rec)
-	os.WriteFile(filepath.Join(dir, "resources", "server.qwen.json"), data, 0o600)
+	if err := store.Save("server.qwen", rec); err != nil {
+		t.Fatal(err)
+	}
 
 	s := serverStopper{gpu: liveGPU{pids: []int{ours.PID, foreign.PID}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.StopGPUServers(ctx, dir, []int{ours.PID, foreign.PID}, "nvidia_driver.host: 570 → 580"); err != nil {
+	if err := s.StopGPUServers(ctx, store.For("nvidia_driver.host").Others(), []int{ours.PID, foreign.PID}, "nvidia_driver.host: 570 → 580"); err != nil {
 		t.Fatal(err)
 	}
 	if alive, _ := (proc.FS{}).Alive(proc.Identity{PID: ours.PID, StartTicks: ours.StartTicks}); alive {
@@ -72,15 +69,15 @@ func TestServerStopperStopsOnlyRecordedServers(t *testing.T) {
 
 func TestServerStopperIgnoresStaleRecords(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "resources"), 0o700)
+	store := openStore(t, t.TempDir())
 	_, live := startGroup(t)
 	// A record whose PID was reused: same PID, another start time. Never signalled.
 	rec := serverRecord{PID: live.PID, StartTicks: live.StartTicks + 1, PGID: live.PGRP, SID: live.Session}
-	data, _ := json.Marshal(rec)
-	os.WriteFile(filepath.Join(dir, "resources", "server.old.json"), data, 0o600)
+	if err := store.Save("server.old", rec); err != nil {
+		t.Fatal(err)
+	}
 	s := serverStopper{gpu: liveGPU{pids: []int{live.PID}}}
-	if err := s.StopGPUServers(context.Background(), dir, []int{live.PID}, "test"); err != nil {
+	if err := s.StopGPUServers(context.Background(), store.For("nvidia_driver.host").Others(), []int{live.PID}, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if alive, _ := (proc.FS{}).Alive(proc.Identity{PID: live.PID, StartTicks: live.StartTicks}); !alive {

@@ -54,7 +54,7 @@ func TestCheckWritesNothing(t *testing.T) {
 		os.WriteFile(tokenFile, []byte(hub.token+"\n"), 0o600)
 		store := openStore(t, filepath.Join(dir, ".state"))
 		d := checkWritesNothing(t, dir, hubPlan(hub, tokenFile, "main"), Kinds(), store, "download.model", "root="+dir)
-		if rec, ok := d.Record.Value.(*downloadRecord); d.Record == nil || !ok || rec.Hub == nil || rec.Hub.Commit == "" {
+		if rec, ok := recordOf[*downloadRecord](d); d.Record == nil || !ok || rec.Hub == nil || rec.Hub.Commit == "" {
 			t.Errorf("the listing is not in the diff as a record update: %+v", d.Record)
 		}
 	})
@@ -77,7 +77,7 @@ func TestCheckWritesNothing(t *testing.T) {
 		t.Cleanup(func() { _ = syscall.Kill(-own.Process.Pid, syscall.SIGKILL) })
 		oid := waitPortOwner(t, h.port)
 		d := h.checkWritesNothing()
-		if rec, ok := d.Record.Value.(*serverRecord); d.Action != agent.Adopt || !ok || rec.id() != oid || !rec.Adopted {
+		if rec, ok := recordOf[*serverRecord](d); d.Action != agent.Adopt || !ok || rec.id() != oid || !rec.Adopted {
 			t.Errorf("diff %+v (record %+v), want the adoption of %v", d, d.Record, oid)
 		}
 	})
@@ -95,7 +95,7 @@ func TestCheckWritesNothing(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			d := h.checkWritesNothing()
-			if rec, ok := d.Record.Value.(*serverRecord); d.Record != nil && ok && !rec.UnreadySince.IsZero() && rec.id() == first.id() {
+			if rec, ok := recordOf[*serverRecord](d); d.Record != nil && ok && !rec.UnreadySince.IsZero() && rec.id() == first.id() {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -117,7 +117,7 @@ func TestCheckWritesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		d := h.checkWritesNothing()
-		if rec, ok := d.Record.Value.(*serverRecord); d.Record == nil || !ok || rec.Pending != nil || rec.Generation != held.Generation {
+		if rec, ok := recordOf[*serverRecord](d); d.Record == nil || !ok || rec.Pending != nil || rec.Generation != held.Generation {
 			t.Errorf("the void intent is not dropped as data: %+v", d.Record)
 		}
 	})
@@ -187,4 +187,14 @@ func stateFiles(t *testing.T, dir string) map[string]string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// recordOf is d's record update as T; false when d has none, or another.
+func recordOf[T any](d *agent.Diff) (T, bool) {
+	var zero T
+	if d == nil || d.Record == nil {
+		return zero, false
+	}
+	v, ok := d.Record.Value.(T)
+	return v, ok
 }

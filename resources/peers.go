@@ -1,9 +1,12 @@
 package resources
 
 import (
+	"errors"
+
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 // The questions one kind asks of what another recorded, in one place and read-only: a
@@ -15,6 +18,8 @@ import (
 //   - liveInstance (server asks container): the instance a server must run in now.
 //   - serversIn (container asks server): whether a migration would interrupt a server.
 //   - recordedElsewhere (server asks server): whether another record names a process.
+//   - serverRecords (driver asks server, through Machine.StopGPUServers): the servers to
+//     stop before a driver change.
 
 // liveInstance is, for a server in the instance the plan names name, the instance it
 // must run in now and the one retiring from a migration ("" when none), from the record
@@ -58,6 +63,37 @@ func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
 		return holder == ""
 	})
 	return holder
+}
+
+// namedServer is a server's record with its address.
+type namedServer struct {
+	addr string
+	rec  serverRecord
+}
+
+// serverRecords is every server record of records (nil: none), for the stop of the
+// servers that hold the GPUs before a driver change (gpu_stopper.go). A record that
+// cannot be read is an error beside the others, never a reason to skip the rest.
+func serverRecords(records *state.View) ([]namedServer, error) {
+	if records == nil {
+		return nil, nil
+	}
+	addrs, err := records.List("server")
+	if err != nil {
+		return nil, err
+	}
+	var out []namedServer
+	var errs []error
+	for _, addr := range addrs {
+		var rec serverRecord
+		if ok, err := records.Load(addr, &rec); err != nil {
+			errs = append(errs, err)
+			continue
+		} else if ok {
+			out = append(out, namedServer{addr, rec})
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // eachRecord calls fn with every other record of kind, decoded as T, until fn returns

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agent-dev/agent/internal/state"
+	"strings"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -220,6 +222,10 @@ func (s *Server) portHolderDiff(ctx context.Context, env *agent.Env, lc *lifecyc
 				s.port, owner.PID, peer, peer, s.addr))
 			return d, nil
 		}
+		if other := ownedElsewhere(ctx, procs, env, owner.PID); other != "" {
+			return nil, fmt.Errorf("port %d is held by pid %d, which runs this server's command line but was launched by the agent of state dir %s, which still owns it: not adopted (one owner per process, or either could stop it); manage it from that state dir, or stop it there first",
+				s.port, owner.PID, other)
+		}
 		adopt := s.record()
 		adopt.Generation = 0
 		if det.prev != nil {
@@ -256,6 +262,34 @@ func (s *Server) portHolderDiff(ctx context.Context, env *agent.Env, lc *lifecyc
 	}
 	d.Add(c.Because(effect, agent.ReasonForeign))
 	return d, nil
+}
+
+// ownedElsewhere names the state directory of another live agent that launched pid (the
+// AGENT_OWNER its launch carries, whose directory still has that identity), or "" when
+// it is this state directory's, or no agent's that still exists.
+func ownedElsewhere(ctx context.Context, procs lifecycle.Procs, env *agent.Env, pid int) string {
+	environ, err := procs.Environ(ctx, pid)
+	if err != nil || env.State == nil {
+		return ""
+	}
+	for _, kv := range environ {
+		v, ok := strings.CutPrefix(kv, state.OwnerEnv+"=")
+		if !ok {
+			continue
+		}
+		id, dir, ok := state.ParseOwnerMark(v)
+		if !ok {
+			return ""
+		}
+		if mine, _ := state.OwnerOf(env.State.Dir()); mine == id {
+			return ""
+		}
+		if live, err := state.OwnerOf(dir); err != nil || live != id {
+			return "" // that state directory is gone or was remade: nobody owns it now
+		}
+		return dir + " (owner " + id + ")"
+	}
+	return ""
 }
 
 // adoptDiff is the adoption of a process the agent just proved runs exactly the plan's

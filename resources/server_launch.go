@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agent-dev/agent/internal/state"
+	"maps"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -50,7 +52,11 @@ func (s *Server) launchGeneration(ctx context.Context, env *agent.Env, lc *lifec
 	}
 	marker := fmt.Sprintf("AGENT_SERVER=%s#%d@%d", s.addr, gen, env.Now().UnixNano())
 	want := s.record()
-	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user, Marker: marker, Home: s.serverHome(env)}
+	penv, err := launchEnv(env, s.env)
+	if err != nil {
+		return nil, err
+	}
+	spec := lifecycle.Spec{Argv: s.argv(), Env: penv, Workdir: s.workdir, User: s.user, Marker: marker, Home: s.serverHome(env)}
 	want.HomeDir = spec.Home
 	keep := func(r *serverRecord) {
 		if p.keep != nil {
@@ -95,4 +101,19 @@ func (s *Server) launchGeneration(ctx context.Context, env *agent.Env, lc *lifec
 		return &rec, errors.Join(err, serr)
 	}
 	return &rec, s.recordVerification(env, &rec, x, err)
+}
+
+// launchEnv is a launch's environment: the plan's, and the launch's owner, this state
+// directory (state.OwnerEnv), so that no other state directory ever adopts it.
+func launchEnv(env *agent.Env, planEnv map[string]string) (map[string]string, error) {
+	owner, err := env.State.OwnerMark()
+	if err != nil {
+		return nil, fmt.Errorf("the state directory's identity: %w", err)
+	}
+	out := maps.Clone(planEnv)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[state.OwnerEnv] = owner
+	return out, nil
 }

@@ -341,7 +341,11 @@ func (s *Server) revert(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 	if err != nil {
 		return refuse(err)
 	}
-	spec := lifecycle.Spec{Argv: g.argv(), Env: g.env, Workdir: g.workdir, User: g.user, Home: g.serverHome(env)}
+	penv, err := launchEnv(env, g.env)
+	if err != nil {
+		return err
+	}
+	spec := lifecycle.Spec{Argv: g.argv(), Env: penv, Workdir: g.workdir, User: g.user, Home: g.serverHome(env)}
 	if err := lc.CanRelaunch(ctx, spec, lifecycle.LogFile{Dir: g.logDir, Name: g.name, Generation: next}, g.modelPaths(), g.port, 2*time.Second); err != nil {
 		return refuse(err)
 	}

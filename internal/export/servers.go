@@ -195,6 +195,7 @@ var sessionKeys = map[string]bool{
 	"DBUS_SESSION_BUS_ADDRESS": true, "XDG_RUNTIME_DIR": true, "XDG_SESSION_ID": true,
 	"XDG_SESSION_TYPE": true, "XDG_SESSION_CLASS": true, "XDG_DATA_DIRS": true, "XDG_CONFIG_DIRS": true,
 	"AGENT_SERVER": true,
+	"AGENT_OWNER":  true,
 }
 
 // splitEnv keeps the server's environment, dropping secrets and session entries.

@@ -92,7 +92,7 @@ func (h Local) Preflight(ctx context.Context, s Spec, log LogFile) error {
 	// Writable, with room for the new generation's log: a full disk is the host's
 	// fault, found before a healthy generation is stopped (issue 27).
 	if err := state.CheckRoom(log.Dir, state.MinFree); err != nil {
-		return fmt.Errorf("log dir: %w", err)
+		return fmt.Errorf("log dir %w", err) // "log dir /var/log/agent is not writable: …"
 	}
 	return nil
 }

@@ -48,7 +48,7 @@ func CheckRoom(dir string, spare uint64) error {
 // CheckRoom is CheckRoom of the state directory.
 func (r *Scoped) CheckRoom(spare uint64) error {
 	if err := CheckRoom(r.store.dir, spare); err != nil {
-		return fmt.Errorf("state dir: %w", err)
+		return fmt.Errorf("state dir %w", err)
 	}
 	return nil
 }
