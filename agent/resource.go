@@ -118,8 +118,9 @@ type Status struct {
 	// Fields are observed facts in display order (PID, start time, log age, accept rate).
 	Fields []Field `json:"fields"`
 	// Metrics are the same facts as numbers, for Prometheus: `agent run` exports each as
-	// agent_<kind>_<key>{name="<resource name>"} (agent_server_accept_length{name="qwen"}).
-	// Keys are snake_case; booleans are 0 or 1.
+	// agent_<kind>_<key>{resource="<address>", kind="<kind>"}
+	// (agent_server_accept_length{resource="server.qwen", kind="server"}). Keys are
+	// snake_case with the unit last (done_bytes, eta_seconds); booleans are 0 or 1.
 	Metrics map[string]float64 `json:"metrics"`
 }
 

@@ -606,6 +606,8 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 	n := int64(len(t.files))
 	st := &agent.Status{Healthy: res.Converged(), Metrics: map[string]float64{
 		"files_verified": float64(verified), "files_total": float64(n),
+		"done_bytes": float64(done), "total_bytes": float64(total),
+		// Deprecated names (the unit first), kept for one release: docs/service.md.
 		"bytes_done": float64(done), "bytes_total": float64(total),
 	}}
 	st.Fields = append(st.Fields,
@@ -627,7 +629,7 @@ func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, e
 		st.Summary = fmt.Sprintf("%d/%d files verified, %s", verified, n, bytesize.Format(done))
 	case p.live(now):
 		st.Summary = fmt.Sprintf("downloading (PID %d): %s / %s, %s/s, ETA %s", p.PID, bytesize.Format(p.Done), bytesize.Format(p.Total), bytesize.Format(int64(p.Rate)), etaString(p.ETASeconds))
-		st.Metrics["bytes_done"] = float64(p.Done)
+		st.Metrics["done_bytes"], st.Metrics["bytes_done"] = float64(p.Done), float64(p.Done)
 		st.Metrics["rate_bytes_per_second"] = p.Rate
 		st.Metrics["eta_seconds"] = p.ETASeconds
 		st.Fields = append(st.Fields,

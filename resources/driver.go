@@ -415,7 +415,7 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	st := &agent.Status{Metrics: map[string]float64{"gpus": float64(len(o.Info.GPUs))}}
 	add := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	for _, g := range o.Info.GPUs {
-		// One series per GPU and quantity: agent_nvidia_driver_gpu0_memory_used_bytes{name}.
+		// One series per GPU and quantity: agent_nvidia_driver_gpu0_memory_used_bytes{resource, kind}.
 		st.Metrics[fmt.Sprintf("gpu%d_memory_used_bytes", g.Index)] = float64(g.MemoryUsed)
 		st.Metrics[fmt.Sprintf("gpu%d_memory_total_bytes", g.Index)] = float64(g.MemoryTotal)
 		st.Metrics[fmt.Sprintf("gpu%d_processes", g.Index)] = float64(len(g.Processes))

@@ -36,7 +36,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if rec.Place != s.place {
 		procs = s.recordProcs(ctx, env, &rec)
 	}
-	// Metrics are the numbers agent run exports as agent_server_<key>{name="<name>"}.
+	// Metrics are the numbers agent run exports as agent_server_<key>{resource="server.<name>", kind="server"}.
 	st := &agent.Status{Healthy: true, Metrics: map[string]float64{
 		"up": 0, "ready": 0, "generation": float64(rec.Generation), "restarts": float64(max(rec.Generation-1, 0)),
 	}}

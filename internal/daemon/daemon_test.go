@@ -360,7 +360,7 @@ func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 	h.waitNote(t, "RELOADING=1")
 	h.waitNote(t, "READY=1")
 	waitFor(t, "the new plan applied", func() bool { b, _ := os.ReadFile(a); return string(b) == "v2" })
-	waitFor(t, "its reconcile recorded", func() bool { return h.metric(t, `agent_repairs_total{resource="mark.a"}`) == 2 })
+	waitFor(t, "its reconcile recorded", func() bool { return h.metric(t, `agent_repairs_total{kind="mark",resource="mark.a"}`) == 2 })
 	if n := h.applies.get(a); n != 2 {
 		t.Errorf("applies = %d, want 2 (one per plan version)", n)
 	}
@@ -376,10 +376,12 @@ func TestLoopAppliesReloadsAndKeepsLastGoodPlan(t *testing.T) {
 		t.Errorf("a = %q, want v2 kept", b)
 	}
 	_, metrics := h.get(t, "/metrics")
-	for _, series := range []string{"agent_plan_valid 0", `agent_reconciles_total{resource="mark.a"} 2`, `agent_reconcile_duration_seconds_count{resource="mark.a"} 2`,
-		`agent_resource_drift{resource="mark.a"} 0`, "agent_last_success_timestamp_seconds", `agent_mark_generation{name="a"} 7`,
-		`agent_resource_healthy{name="mark.a"} 1`, `agent_repairs_total{resource="mark.a"} 2`, `agent_time_to_repair_seconds_count{resource="mark.a"} 2`,
-		`agent_resource_down_seconds{resource="mark.a"} 0`, `agent_resource_failing{resource="mark.a"} 0`, "agent_queue_depth 0"} {
+	// One vocabulary (issue 29, point 5): every per-resource series, the loop's and the
+	// status's, carries the address in resource and the kind in kind (name: deprecated).
+	for _, series := range []string{"agent_plan_valid 0", `agent_reconciles_total{kind="mark",resource="mark.a"} 2`, `agent_reconcile_duration_seconds_count{kind="mark",resource="mark.a"} 2`,
+		`agent_resource_drift{kind="mark",resource="mark.a"} 0`, "agent_last_success_timestamp_seconds", `agent_mark_generation{kind="mark",name="a",resource="mark.a"} 7`,
+		`agent_resource_healthy{kind="mark",name="mark.a",resource="mark.a"} 1`, `agent_repairs_total{kind="mark",resource="mark.a"} 2`, `agent_time_to_repair_seconds_count{kind="mark",resource="mark.a"} 2`,
+		`agent_resource_down_seconds{kind="mark",resource="mark.a"} 0`, `agent_resource_failing{kind="mark",resource="mark.a"} 0`, "agent_queue_depth 0"} {
 		if !strings.Contains(metrics, series) {
 			t.Errorf("/metrics lacks %q:\n%s", series, metrics)
 		}
@@ -422,8 +424,8 @@ mark "good" {
 	_, m := h.get(t, "/metrics")
 	// One try, one failure: the turns that held it back are not failures (found in
 	// review: it read 10, and a Contains on "} 1" let that pass).
-	for _, want := range []string{`agent_reconcile_failures_total{resource="mark.bad"} 1`, `agent_resource_drift{resource="mark.bad"} 1`,
-		`agent_resource_failing{resource="mark.bad"} 1`, `agent_resource_consecutive_failures{resource="mark.bad"} 1`} {
+	for _, want := range []string{`agent_reconcile_failures_total{kind="mark",resource="mark.bad"} 1`, `agent_resource_drift{kind="mark",resource="mark.bad"} 1`,
+		`agent_resource_failing{kind="mark",resource="mark.bad"} 1`, `agent_resource_consecutive_failures{kind="mark",resource="mark.bad"} 1`} {
 		if !slices.Contains(strings.Split(m, "\n"), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, m)
 		}
@@ -838,7 +840,7 @@ mark "b" {
 	h.write(t, onlyA)
 	waitFor(t, "the orphan reported", func() bool {
 		_, status := h.get(t, "/status")
-		return strings.Contains(status, "orphan: no longer in the plan") && h.metric(t, `agent_resource_drift{resource="mark.b"}`) == 1
+		return strings.Contains(status, "orphan: no longer in the plan") && h.metric(t, `agent_resource_drift{kind="mark",resource="mark.b"}`) == 1
 	})
 	time.Sleep(300 * time.Millisecond) // resyncs: it must stay
 	if _, err := os.Stat(b); err != nil {

@@ -100,22 +100,30 @@ type metrics struct {
 	status      *statusCollector
 }
 
+// resourceLabels are the labels of every per-resource series, loop and status alike:
+// the address in resource, the kind in kind, so that alerts join any two series on
+// resource without label_replace (docs/service.md, "Metrics").
+var resourceLabels = []string{"resource", "kind"}
+
+// kindOf is the kind of an address ("server" of "server.qwen").
+func kindOf(addr string) string { kind, _, _ := strings.Cut(addr, "."); return kind }
+
 func newMetrics(d *Daemon) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agent_reconciles_total",
-			Help: "Reconciles run (observe, act when needed, verify), by resource address."}, []string{"resource"}),
+			Help: "Reconciles run (observe, act when needed, verify), by resource address."}, resourceLabels),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "agent_reconcile_duration_seconds",
-			Help: "Duration of reconciles, by resource address.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}, []string{"resource"}),
+			Help: "Duration of reconciles, by resource address.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}, resourceLabels),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agent_reconcile_failures_total",
-			Help: "Failed reconciles, and repairs needed again within the stable period (a crash loop), by resource address."}, []string{"resource"}),
+			Help: "Failed reconciles, and repairs needed again within the stable period (a crash loop), by resource address."}, resourceLabels),
 		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "agent_resource_drift",
-			Help: "1 when the last reconcile found the resource different from the plan."}, []string{"resource"}),
+			Help: "1 when the last reconcile found the resource different from the plan."}, resourceLabels),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agent_repairs_total",
-			Help: "Changes carried out and verified, by resource address."}, []string{"resource"}),
+			Help: "Changes carried out and verified, by resource address."}, resourceLabels),
 		repairTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "agent_time_to_repair_seconds",
 			Help:    "From detection (a watch, or the observation that found the difference) to verified, by resource address.",
-			Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)}, []string{"resource"}),
+			Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)}, resourceLabels),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agent_last_success_timestamp_seconds",
 			Help: "Unix time of the last reconcile after which every resource was verified converged."}),
 		planValid: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agent_plan_valid",
@@ -138,15 +146,15 @@ type loopCollector struct{ d *Daemon }
 
 var (
 	downDesc = prometheus.NewDesc("agent_resource_down_seconds",
-		"Seconds since the resource was found not converged (a server down); 0 while converged.", []string{"resource"}, nil)
+		"Seconds since the resource was found not converged (a server down); 0 while converged.", resourceLabels, nil)
 	failingDesc = prometheus.NewDesc("agent_resource_failing",
-		"1 while the resource's last reconcile failed (its error is in /status).", []string{"resource"}, nil)
+		"1 while the resource's last reconcile failed (its error is in /status).", resourceLabels, nil)
 	lastErrDesc = prometheus.NewDesc("agent_resource_last_error_timestamp_seconds",
-		"Unix time of the resource's last failure (its text is in /status).", []string{"resource"}, nil)
+		"Unix time of the resource's last failure (its text is in /status).", resourceLabels, nil)
 	inRowDesc = prometheus.NewDesc("agent_resource_consecutive_failures",
-		"Failures in a row; the backoff doubles with each.", []string{"resource"}, nil)
+		"Failures in a row; the backoff doubles with each.", resourceLabels, nil)
 	inFlightDesc = prometheus.NewDesc("agent_resource_in_flight",
-		"1 while a worker reconciles the resource.", []string{"resource"}, nil)
+		"1 while a worker reconciles the resource.", resourceLabels, nil)
 )
 
 func (c *loopCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -172,20 +180,22 @@ func (c *loopCollector) Collect(ch chan<- prometheus.Metric) {
 			down = now.Sub(rs.downSince).Seconds()
 		}
 		failing := rs.step != nil && rs.step.Err != nil && !held(rs.step.Err) || rs.failures > 0 && !rs.converged
-		ch <- prometheus.MustNewConstMetric(downDesc, prometheus.GaugeValue, down, addr)
-		ch <- prometheus.MustNewConstMetric(failingDesc, prometheus.GaugeValue, b(failing), addr)
-		ch <- prometheus.MustNewConstMetric(inRowDesc, prometheus.GaugeValue, float64(rs.failures), addr)
-		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, b(rs.inFlight), addr)
+		ch <- prometheus.MustNewConstMetric(downDesc, prometheus.GaugeValue, down, addr, kindOf(addr))
+		ch <- prometheus.MustNewConstMetric(failingDesc, prometheus.GaugeValue, b(failing), addr, kindOf(addr))
+		ch <- prometheus.MustNewConstMetric(inRowDesc, prometheus.GaugeValue, float64(rs.failures), addr, kindOf(addr))
+		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, b(rs.inFlight), addr, kindOf(addr))
 		if n := len(rs.history); n > 0 {
-			ch <- prometheus.MustNewConstMetric(lastErrDesc, prometheus.GaugeValue, float64(rs.history[n-1].at.Unix()), addr)
+			ch <- prometheus.MustNewConstMetric(lastErrDesc, prometheus.GaugeValue, float64(rs.history[n-1].at.Unix()), addr, kindOf(addr))
 		}
 	}
 }
 
-// statusCollector exports each resource's Status.Metrics as agent_<kind>_<key>{name}, and
-// {name, member} in a family where some resource names its cluster member
-// (agent.MemberField): one family keeps one set of labels, so a resource without a member
-// gets member="" there, which Prometheus reads as no label.
+// statusCollector exports each resource's Status.Metrics as
+// agent_<kind>_<key>{resource, kind, name}, and with member in a family where some resource
+// names its cluster member (agent.MemberField): one family keeps one set of labels, so a
+// resource without a member gets member="" there, which Prometheus reads as no label.
+// name (the label; the address for agent_resource_healthy) is the label these series had
+// alone before resource and kind: deprecated, kept for one release (docs/service.md).
 type statusCollector struct {
 	mu      sync.Mutex
 	samples map[string][]statusSample // by resource address, each set as it changes
@@ -214,6 +224,7 @@ func (c *statusCollector) keep(addrs []string) {
 
 type statusSample struct {
 	kind, key, name string
+	resource        string // the address
 	member          string // the cluster member, "" when none
 	value           float64
 }
@@ -234,7 +245,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, s := range slices.Concat(slices.Collect(maps.Values(c.samples))...) {
-		labels, values := []string{"name"}, []string{s.name}
+		labels, values := []string{"resource", "kind", "name"}, []string{s.resource, kindOf(s.resource), s.name}
 		if withMember[s.kind+"_"+s.key] {
 			labels, values = append(labels, "member"), append(values, s.member)
 		}

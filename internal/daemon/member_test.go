@@ -7,14 +7,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// TestStatusMetricsMemberLabel: a family where a resource names its cluster member
-// carries member="…" on every series (empty for a resource without one, so the family
-// keeps one label set, which a pedantic registry checks); other families keep {name}.
+// TestStatusMetricsMemberLabel: every status series says its resource (the address) and
+// kind (issue 29, point 5), with the deprecated name beside them for one release; a
+// family where a resource names its cluster member carries member="…" on every series
+// (empty for a resource without one, so the family keeps one label set, which a pedantic
+// registry checks).
 func TestStatusMetricsMemberLabel(t *testing.T) {
 	c := &statusCollector{}
-	c.set("server.qwen_m2", []statusSample{{kind: "server", key: "up", name: "qwen_m2", member: "m2", value: 1}})
-	c.set("server.local", []statusSample{{kind: "server", key: "up", name: "local", value: 1}})
-	c.set("file.f", []statusSample{{kind: "file", key: "size", name: "f", value: 3}})
+	c.set("server.qwen_m2", []statusSample{{kind: "server", key: "up", name: "qwen_m2", resource: "server.qwen_m2", member: "m2", value: 1}})
+	c.set("server.local", []statusSample{{kind: "server", key: "up", name: "local", resource: "server.local", value: 1}})
+	c.set("file.f", []statusSample{{kind: "file", key: "size", name: "f", resource: "file.f", value: 3}})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	mfs, err := reg.Gather()
@@ -31,7 +33,8 @@ func TestStatusMetricsMemberLabel(t *testing.T) {
 			got[mf.GetName()+"{"+strings.Join(pairs, ",")+"}"] = true
 		}
 	}
-	for _, want := range []string{"agent_server_up{member=m2,name=qwen_m2}", "agent_server_up{member=,name=local}", "agent_file_size{name=f}"} {
+	for _, want := range []string{"agent_server_up{kind=server,member=m2,name=qwen_m2,resource=server.qwen_m2}",
+		"agent_server_up{kind=server,member=,name=local,resource=server.local}", "agent_file_size{kind=file,name=f,resource=file.f}"} {
 		if !got[want] {
 			t.Errorf("no series %s in %v", want, got)
 		}

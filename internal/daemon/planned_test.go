@@ -24,14 +24,14 @@ func TestAPlannedChangeIsNotACrash(t *testing.T) {
 		h.write(t, strings.Replace(planV1, "v1", v, 1))
 		waitFor(t, v+" applied and recorded", func() bool {
 			b, _ := os.ReadFile(a)
-			return string(b) == v && h.metric(t, `agent_repairs_total{resource="mark.a"}`) >= 2
+			return string(b) == v && h.metric(t, `agent_repairs_total{kind="mark",resource="mark.a"}`) >= 2
 		})
 	}
-	waitFor(t, "three repairs", func() bool { return h.metric(t, `agent_repairs_total{resource="mark.a"}`) == 3 })
+	waitFor(t, "three repairs", func() bool { return h.metric(t, `agent_repairs_total{kind="mark",resource="mark.a"}`) == 3 })
 	if log := h.log.String(); strings.Contains(log, "crash loop") {
 		t.Errorf("a planned change was logged as a crash loop:\n%s", log)
 	}
-	for _, series := range []string{`agent_reconcile_failures_total{resource="mark.a"}`, `agent_resource_consecutive_failures{resource="mark.a"}`} {
+	for _, series := range []string{`agent_reconcile_failures_total{kind="mark",resource="mark.a"}`, `agent_resource_consecutive_failures{kind="mark",resource="mark.a"}`} {
 		if v := h.metric(t, series); v > 0 {
 			t.Errorf("%s = %v after planned changes only", series, v)
 		}

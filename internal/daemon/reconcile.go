@@ -348,15 +348,15 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		return
 	}
 	d.wakeRollout(eng, addr)
-	d.metrics.reconciles.WithLabelValues(addr).Inc()
-	d.metrics.duration.WithLabelValues(addr).Observe(st.Duration.Seconds())
+	d.metrics.reconciles.WithLabelValues(addr, kindOf(addr)).Inc()
+	d.metrics.duration.WithLabelValues(addr, kindOf(addr)).Observe(st.Duration.Seconds())
 	drift := st.Diff != nil && st.Diff.Action != agent.NoOp
 	if drift && rs.downSince.IsZero() {
 		rs.downSince = start
 	}
 	// Drift is what stands after the reconcile: a verified repair leaves none, an orphan
 	// the loop does not prune (a warning) or a failure leaves it.
-	d.metrics.drift.WithLabelValues(addr).Set(map[bool]float64{false: 0, true: 1}[drift && (st.Err != nil || !st.Applied)])
+	d.metrics.drift.WithLabelValues(addr, kindOf(addr)).Set(map[bool]float64{false: 0, true: 1}[drift && (st.Err != nil || !st.Applied)])
 	rs.step, rs.done, rs.gen = st, now, gen
 	next := d.resync()
 	stable := orDefault(d.cfg.Stable, DefaultStable)
@@ -364,8 +364,8 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		if st.Applied {
 			rs.repairs++
 			took := now.Sub(rs.downSince)
-			d.metrics.repairs.WithLabelValues(addr).Inc()
-			d.metrics.repairTime.WithLabelValues(addr).Observe(took.Seconds())
+			d.metrics.repairs.WithLabelValues(addr, kindOf(addr)).Inc()
+			d.metrics.repairTime.WithLabelValues(addr, kindOf(addr)).Observe(took.Seconds())
 			d.log.Info("converged", "resource", addr, "action", string(st.Diff.Action), "time_to_repair", took.Round(time.Millisecond).String())
 			if !rs.verified.IsZero() && start.Sub(rs.verified) < stable && died(st.Diff) {
 				// It was verified moments ago and had to be repaired already: a crash
@@ -379,7 +379,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 				}
 				d.addFailure(rs, now, fmt.Sprintf("%s: needed a %s %s after it was verified%s", addr, st.Diff.Action,
 					after.Round(100*time.Millisecond), warnings(st.Diff)))
-				d.metrics.failures.WithLabelValues(addr).Inc()
+				d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
 				d.log.Warn("crash loop: repaired again soon after it was verified; its next repair waits", "resource", addr,
 					"verified_for", after.Round(100*time.Millisecond).String(), "failures", rs.failures,
 					"wait", time.Until(rs.until).Round(time.Millisecond).String())
@@ -446,7 +446,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 			rs.holdSeen = fingerprint(nil, st.Err) // it failed observing: that is what it saw
 		}
 		d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
-		d.metrics.failures.WithLabelValues(addr).Inc()
+		d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
 		d.log.Error("resource failed", "resource", addr, "error", st.Err, "failures", rs.failures, "retry_in", wait.Round(time.Millisecond).String(), "terminal", rs.terminal)
 		if !rs.terminal {
 			next = wait

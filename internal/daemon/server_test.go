@@ -338,8 +338,8 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	}
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !regexp.MustCompile(`agent_resource_consecutive_failures\{resource="server.qwen"\} [4-9]`).Match(m) ||
-		!strings.Contains(string(m), `agent_resource_failing{resource="server.qwen"} 1`) {
+	if !regexp.MustCompile(`agent_resource_consecutive_failures\{kind="server",resource="server.qwen"\} [4-9]`).Match(m) ||
+		!strings.Contains(string(m), `agent_resource_failing{kind="server",resource="server.qwen"} 1`) {
 		t.Errorf("/metrics does not show the crash loop:\n%s", m)
 	}
 }

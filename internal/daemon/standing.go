@@ -227,7 +227,7 @@ func (d *Daemon) samplesOf(addr string) []statusSample {
 	}
 	rs := d.res[addr]
 	if rs == nil || rs.step == nil {
-		return []statusSample{{kind: "resource", key: "healthy", name: addr}}
+		return []statusSample{{kind: "resource", key: "healthy", name: addr, resource: addr}}
 	}
 	healthy := 0.0
 	err := rs.step.Err
@@ -242,13 +242,13 @@ func (d *Daemon) samplesOf(addr string) []statusSample {
 		healthy = 1
 	}
 	member := st.Member()
-	out := []statusSample{{kind: "resource", key: "healthy", name: addr, member: member, value: healthy}}
+	out := []statusSample{{kind: "resource", key: "healthy", name: addr, resource: addr, member: member, value: healthy}}
 	if st == nil {
 		return out
 	}
 	for _, k := range slices.Sorted(maps.Keys(st.Metrics)) {
 		if metricKey.MatchString(k) {
-			out = append(out, statusSample{kind: r.Type, key: k, name: r.Name, member: member, value: st.Metrics[k]})
+			out = append(out, statusSample{kind: r.Type, key: k, name: r.Name, resource: addr, member: member, value: st.Metrics[k]})
 		}
 	}
 	return out
