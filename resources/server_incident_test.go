@@ -202,7 +202,7 @@ func TestServerRelaunchChecksFirstThenStops(t *testing.T) {
 	ro := filepath.Join(h.dir, "ro")
 	os.Mkdir(ro, 0o755)
 	immutable(t, ro)
-	untouched("a log dir root cannot write", h.apply("logs="+ro, "mem=0.85"), "log dir: "+ro+" is not writable")
+	untouched("a log dir root cannot write", h.apply("logs="+ro, "mem=0.85"), "log dir "+ro+" is not writable")
 
 	dirAtLink := filepath.Join(h.dir, "linkdir")
 	os.MkdirAll(filepath.Join(dirAtLink, "qwen.log"), 0o755)
