@@ -422,7 +422,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		wait := orDefault(d.cfg.BackoffMin, DefaultBackoffMin)
 		rs.until, rs.terminal, rs.holdSeen = time.Time{}, false, ""
 		d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
-		d.metrics.failures.WithLabelValues(addr).Inc()
+		d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
 		d.log.Error("resource failed: the host cannot take the change now; no backoff", "resource", addr, "error", st.Err, "retry_in", wait.Round(time.Millisecond).String())
 		next = wait
 		for _, dep := range d.shape.dependents[addr] {
