@@ -194,11 +194,14 @@ const (
 	// ReasonUnrecorded: it runs exactly as the plan says, but no record names it yet
 	// (a server started by hand, found by `agent export`): adopted, as an import is.
 	ReasonUnrecorded Reason = "unrecorded"
+	// ReasonWedged: it runs and its front end answers, but its engine is proven wedged
+	// (its liveness probes went unanswered and it made no progress meanwhile).
+	ReasonWedged Reason = "wedged"
 )
 
 // Reasons lists every reason, for documentation and tests.
 var Reasons = []Reason{ReasonMissing, ReasonDiffers, ReasonIdentity, ReasonImmutable, ReasonGone, ReasonUnhealthy,
-	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate, ReasonUnrecorded}
+	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate, ReasonUnrecorded, ReasonWedged}
 
 // Describe is the reason for people.
 func (r Reason) Describe() string {
@@ -231,6 +234,8 @@ func (r Reason) Describe() string {
 		return "moves to another member, make before break"
 	case ReasonUnrecorded:
 		return "runs as planned, not recorded yet"
+	case ReasonWedged:
+		return "engine wedged"
 	}
 	return string(r)
 }

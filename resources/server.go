@@ -18,25 +18,26 @@ import (
 
 // ServerConfig is the `server` block.
 type ServerConfig struct {
-	Container      *string            `hcl:"container,optional"`
-	Command        []string           `hcl:"command"`
-	Flags          cty.Value          `hcl:"flags,optional"`
-	Args           []string           `hcl:"args,optional"`
-	Env            map[string]string  `hcl:"env,optional"`
-	Workdir        *string            `hcl:"workdir,optional"`
-	Home           *string            `hcl:"home,optional"`
-	User           *string            `hcl:"user,optional"`
-	Port           *int               `hcl:"port,optional"`
-	Ready          *ServerReadyConfig `hcl:"ready,block"`
-	Stop           *ServerStopConfig  `hcl:"stop,block"`
-	SmokeTest      *ServerSmokeConfig `hcl:"smoke_test,block"`
-	Takeover       *bool              `hcl:"takeover,optional"`
-	LogDir         *string            `hcl:"log_dir,optional"`
-	KeepLogs       *int               `hcl:"keep_logs,optional"`
-	UnhealthyGrace *string            `hcl:"unhealthy_grace,optional"`
-	Preflight      *string            `hcl:"preflight,optional"`
-	Ensure         *string            `hcl:"ensure,optional"`
-	Revert         *bool              `hcl:"revert,optional"` // default true: server_revert.go // "present" (default) or "absent": server_delete.go
+	Container      *string               `hcl:"container,optional"`
+	Command        []string              `hcl:"command"`
+	Flags          cty.Value             `hcl:"flags,optional"`
+	Args           []string              `hcl:"args,optional"`
+	Env            map[string]string     `hcl:"env,optional"`
+	Workdir        *string               `hcl:"workdir,optional"`
+	Home           *string               `hcl:"home,optional"`
+	User           *string               `hcl:"user,optional"`
+	Port           *int                  `hcl:"port,optional"`
+	Ready          *ServerReadyConfig    `hcl:"ready,block"`
+	Stop           *ServerStopConfig     `hcl:"stop,block"`
+	SmokeTest      *ServerSmokeConfig    `hcl:"smoke_test,block"`
+	Liveness       *ServerLivenessConfig `hcl:"liveness,block"`
+	Takeover       *bool                 `hcl:"takeover,optional"`
+	LogDir         *string               `hcl:"log_dir,optional"`
+	KeepLogs       *int                  `hcl:"keep_logs,optional"`
+	UnhealthyGrace *string               `hcl:"unhealthy_grace,optional"`
+	Preflight      *string               `hcl:"preflight,optional"`
+	Ensure         *string               `hcl:"ensure,optional"`
+	Revert         *bool                 `hcl:"revert,optional"` // default true: server_revert.go // "present" (default) or "absent": server_delete.go
 }
 
 // ServerReadyConfig is the `ready` block of a server.
@@ -51,6 +52,15 @@ type ServerReadyConfig struct {
 type ServerStopConfig struct {
 	Signal  *string `hcl:"signal,optional"`
 	Timeout *string `hcl:"timeout,optional"`
+}
+
+// ServerLivenessConfig is the `liveness` block of a server (server_liveness.go).
+type ServerLivenessConfig struct {
+	HTTP     *string `hcl:"http,optional"`
+	Interval *string `hcl:"interval,optional"`
+	Timeout  *string `hcl:"timeout,optional"`
+	Failures *int    `hcl:"failures,optional"`
+	Enabled  *bool   `hcl:"enabled,optional"`
 }
 
 // ServerSmokeConfig is the `smoke_test` block of a server.
@@ -109,6 +119,7 @@ type Server struct {
 	flagsSensitive func(key string) bool // flags[key] does
 	argvSensitive  bool                  // some flag does: the rendered command line holds a secret
 	noRevert       bool                  // revert = false: a failed change is not rolled back (server_revert.go)
+	liveness       livenessPlan          // the liveness block, or the engine's default (server_liveness.go)
 	deletion                             // ensure = "absent", agent destroy, an orphan: server_delete.go
 }
 

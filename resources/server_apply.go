@@ -64,6 +64,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 		if det.prev != nil {
 			r.Reverts = det.prev.Reverts
 		}
+		carryWedge(r, det.prev)
 		if det.again {
 			r.Rejected, r.RevertOf = det.prev.Rejected, det.prev.RevertOf
 		}

@@ -53,6 +53,7 @@ func bindServer(h Machine, r *plans.Resource, c *ServerConfig) (agent.Resource, 
 	s.bindReady(b, c.Ready)
 	s.bindStop(b, c.Stop)
 	s.bindSmoke(b, c.SmokeTest)
+	s.bindLiveness(b, c.Liveness)
 	if b.diags.HasErrors() {
 		return nil, b.diags
 	}

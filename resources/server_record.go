@@ -86,6 +86,10 @@ type serverRecord struct {
 	// against the running server), and when it ran when not at launch.
 	SmokeDigest string    `json:"smoke_digest,omitempty"`
 	SmokeRanAt  time.Time `json:"smoke_ran_at,omitzero"`
+	// Liveness (server_liveness.go): the wedged generation this one replaced, with the
+	// evidence, and how many generations of this server were found wedged.
+	Wedge  *wedgeIncident `json:"wedge,omitempty"`
+	Wedges int            `json:"wedges,omitempty"`
 }
 
 func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }

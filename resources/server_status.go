@@ -150,6 +150,7 @@ func (s *Server) statusLive(ctx context.Context, env *agent.Env, st *agent.Statu
 		field(agent.BoolField("ready", "readiness", false).WithText("not ready: " + ready))
 		problems = append(problems, "not ready")
 	}
+	problems = append(problems, s.statusLiveness(field, st.Metrics, env, rec, ready == "")...)
 	logFields(field, m, st.Metrics)
 	if s.enableMetrics && s.port > 0 {
 		if pm, err := lc.Metrics(ctx, s.port); err != nil {

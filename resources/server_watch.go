@@ -33,10 +33,12 @@ const WatchProbeEvery = 5 * time.Second
 // RemoteWatchEvery (server_remote.go). With no
 // recorded process (never launched, a launch in flight) there is nothing to watch.
 //
-// A server last observed ready that has a ready.http probe is also probed every
-// WatchProbeEvery: the first failed probe returns, and the loop's Check judges (the
-// unhealthy_grace applies). One already found unready is left to the resync, so that a
-// server within its grace is not observed again and again.
+// A server last observed ready, verified, that has a ready.http probe is also probed
+// every WatchProbeEvery: the first failed probe returns, and the loop's Check judges
+// (the unhealthy_grace applies). One already found unready is left to the resync, so
+// that a server within its grace is not observed again and again. Its liveness check
+// (server_liveness.go) runs here too: Watch returns once the engine is proven wedged,
+// and Check relaunches it.
 func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
@@ -47,24 +49,46 @@ func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
 		return agent.ErrNothingToWatch
 	}
 	s = s.liveView(env)
-	if s.ready.HTTP == "" || s.port <= 0 || !rec.UnreadySince.IsZero() || rec.Place != s.place {
+	if s.port <= 0 || !rec.UnreadySince.IsZero() || rec.Place != s.place || !rec.verified() {
 		return s.watchRecord(ctx, env, &rec)
 	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil {
 		return s.watchRecord(ctx, env, &rec)
 	}
+	live := s.startLiveness(env, &rec, hostPath(ctx, lc, &rec))
+	if s.ready.HTTP == "" && live == nil {
+		return s.watchRecord(ctx, env, &rec)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	exited := make(chan error, 1)
 	go func() { exited <- s.watchRecord(ctx, env, &rec) }()
-	t := time.NewTicker(WatchProbeEvery)
-	defer t.Stop()
+	var ready <-chan time.Time
+	if s.ready.HTTP != "" {
+		t := time.NewTicker(WatchProbeEvery)
+		defer t.Stop()
+		ready = t.C
+	}
+	var due <-chan time.Time
+	var wedged <-chan struct{}
+	var next *time.Timer
+	if live != nil {
+		wedged = live.wedgedCh()
+		next = time.NewTimer(max(live.due().Sub(env.Now()), 0))
+		defer next.Stop()
+		due = next.C
+	}
 	for {
 		select {
 		case err := <-exited:
 			return err
-		case <-t.C:
+		case <-wedged:
+			return nil // the evidence is logged; Check decides
+		case <-due:
+			live.probe(env, lc, s.port)
+			next.Reset(max(live.due().Sub(env.Now()), 0))
+		case <-ready:
 			if err := lc.ProbeHTTP(ctx, s.port, s.ready.HTTP); err != nil && ctx.Err() == nil {
 				env.Log.Info("readiness probe failed; observing the server now", "pid", rec.PID, "error", err)
 				return nil

@@ -213,9 +213,31 @@ func (s *scanner) result() Metrics {
 // latest serving state it shows (see Metrics). It stops with ctx's
 // error when ctx is done.
 func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
-	s := &scanner{votes: tally{}, loc: time.Local, now: time.Now()}
-	err := scanLines(ctx, r, s.line)
-	return s.result(), err
+	s := NewScanner(time.Local, time.Now())
+	err := scanLines(ctx, r, s.Line)
+	return s.Metrics(), err
+}
+
+// Scanner folds a log's lines into Metrics as they come, for a reader that follows a
+// growing log (a liveness watch reads only what a generation's log grew by since its
+// last look) instead of reading the whole file again.
+type Scanner struct{ s scanner }
+
+// NewScanner starts a scanner; vLLM's month-day times take their year from now.
+func NewScanner(loc *time.Location, now time.Time) *Scanner {
+	return &Scanner{s: scanner{votes: tally{}, loc: loc, now: now}}
+}
+
+// Line folds one line (its newline optional).
+func (s *Scanner) Line(raw string) { s.s.line(raw) }
+
+// Metrics is the serving state the lines so far show.
+func (s *Scanner) Metrics() Metrics { return s.s.result() }
+
+// Dialect names the engine the lines so far come from; ok is false while no line said
+// (a server that is no engine the agent knows: a static file server, a script).
+func (s *Scanner) Dialect() (d Dialect, ok bool) {
+	return s.s.votes.winner(), len(s.s.votes) > 0
 }
 
 func float(s string) *float64 {

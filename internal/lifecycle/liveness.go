@@ -1,12 +1,15 @@
 package lifecycle
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/internal/engines"
@@ -119,11 +122,15 @@ func isTimeout(err error) bool {
 // drain reads a little of a body so that the connection can be reused.
 func drain(r io.Reader) { _, _ = io.Copy(io.Discard, io.LimitReader(r, 64<<10)) }
 
-// Progress is what an engine showed of its work at one moment: the newest batch line of
-// this generation's log, and the counters and gauges of its /metrics (nil: not exported).
+// Progress is what an engine showed of its work at one moment: the batch lines of this
+// generation's log, and the counters and gauges of its /metrics (nil: not exported).
 type Progress struct {
-	At               time.Time
-	LastBatch        time.Time
+	At time.Time
+	// Observed is false when neither the log nor /metrics could be read: then nothing
+	// proves that the engine did no work, and no verdict of a wedge can be reached.
+	Observed         bool
+	Batches          int       // batch (SGLang) or stats (vLLM) lines in this generation's log so far
+	LastBatch        time.Time // the newest one's time (whole seconds in SGLang's prefix)
 	GenerationTokens *float64
 	PromptTokens     *float64
 	Requests         *float64
@@ -131,16 +138,22 @@ type Progress struct {
 	Queued           *int
 }
 
-// ProgressOf joins what the log (fromLog, this generation's) and /metrics (scraped; the
-// zero Metrics when not exported) say, observed at at.
-func ProgressOf(fromLog, scraped engines.Metrics, at time.Time) Progress {
-	p := Progress{At: at, LastBatch: fromLog.LastEvent, GenerationTokens: scraped.GenerationTokens,
-		PromptTokens: scraped.PromptTokens, Requests: scraped.Requests, Running: scraped.RunningReqs, Queued: scraped.QueueReqs}
-	if p.Running == nil {
-		p.Running = fromLog.RunningReqs
+// ProgressOf joins what the log (fromLog, this generation's) and /metrics (scraped) say,
+// observed at at; nil is a source that could not be read.
+func ProgressOf(fromLog, scraped *engines.Metrics, at time.Time) Progress {
+	p := Progress{At: at, Observed: fromLog != nil || scraped != nil}
+	if scraped != nil {
+		p.GenerationTokens, p.PromptTokens, p.Requests = scraped.GenerationTokens, scraped.PromptTokens, scraped.Requests
+		p.Running, p.Queued = scraped.RunningReqs, scraped.QueueReqs
 	}
-	if p.Queued == nil {
-		p.Queued = fromLog.QueueReqs
+	if fromLog != nil {
+		p.Batches, p.LastBatch = fromLog.Events, fromLog.LastEvent
+		if p.Running == nil {
+			p.Running = fromLog.RunningReqs
+		}
+		if p.Queued == nil {
+			p.Queued = fromLog.QueueReqs
+		}
 	}
 	return p
 }
@@ -148,8 +161,8 @@ func ProgressOf(fromLog, scraped engines.Metrics, at time.Time) Progress {
 // movedSince says what moved between base and p, "" when nothing did.
 func (p Progress) movedSince(base Progress) string {
 	var moved []string
-	if p.LastBatch.After(base.LastBatch) {
-		moved = append(moved, "new batch line at "+p.LastBatch.Format("15:04:05"))
+	if n := p.Batches - base.Batches; n > 0 || p.LastBatch.After(base.LastBatch) {
+		moved = append(moved, fmt.Sprintf("%d new batch lines, newest at %s", max(n, 1), p.LastBatch.Format("15:04:05")))
 	}
 	grew := func(name string, now, then *float64) {
 		if now != nil && then != nil && *now > *then {
@@ -202,14 +215,14 @@ const (
 // LivenessWatch judges one generation's liveness from its probes and its progress. The
 // rule is the seed's: no kill on a hunch. A server is Wedged only when its last
 // Failures probes all went unanswered by the engine and the engine made no progress
-// since the first of them (no new batch line, no counter that moved); the probes that
-// were left unanswered were themselves queued work, so the engine had work and did none
-// of it. A slow but busy engine fails probes while progressing: Degraded, never Wedged.
+// since the first of them was sent (no new batch line, no counter that moved); the
+// probes that were left unanswered were themselves queued work, so the engine had work
+// and did none of it. A slow but busy engine fails probes while progressing: Degraded,
+// never Wedged. Neither is an engine whose progress cannot be observed at all.
 type LivenessWatch struct {
 	cfg    Liveness
 	probes []Probe    // the current run of failed probes, oldest first
-	before []Progress // the progress observed just before each of them
-	last   *Progress  // the progress observed with the latest probe
+	before []Progress // the progress observed as each of them was sent
 }
 
 // NewLivenessWatch starts the watch of one generation (a relaunch starts a new one).
@@ -220,16 +233,12 @@ func NewLivenessWatch(cfg Liveness) *LivenessWatch {
 	return &LivenessWatch{cfg: cfg}
 }
 
-// Judge records probe p with the progress observed right after it and returns the
-// verdict and, for Degraded and Wedged, the evidence in words. The progress is compared
-// with what was observed just before the first probe of the window (the previous call's;
-// for a first probe, its own), so that work done while that probe waited counts.
-func (w *LivenessWatch) Judge(p Probe, now Progress) (Verdict, string) {
-	before := now
-	if w.last != nil {
-		before = *w.last
-	}
-	w.last = &now
+// Judge records probe p, with the progress observed as it was sent (before) and right
+// after its answer (after), and returns the verdict and, for Degraded and Wedged, the
+// evidence in words. Probes may overlap (one every Interval, each up to Timeout): they
+// are judged in the order their answers come, which for probes of one timeout is the
+// order they were sent.
+func (w *LivenessWatch) Judge(p Probe, before, after Progress) (Verdict, string) {
 	if p.Kind == ProbePassed {
 		w.probes, w.before = nil, nil
 		return Alive, ""
@@ -247,12 +256,18 @@ func (w *LivenessWatch) Judge(p Probe, now Progress) (Verdict, string) {
 			return Degraded, fmt.Sprintf("liveness probe %s failed %d times, not all for want of an answer from the engine: %s", w.cfg.Path, len(w.probes), runs)
 		}
 	}
-	if moved := now.movedSince(w.before[0]); moved != "" {
+	if !w.before[0].Observed || !after.Observed {
+		return Degraded, fmt.Sprintf("liveness probe %s failed %d times in a row (%s), and the engine's progress cannot be observed (its log unreadable, no /metrics): not judged wedged", w.cfg.Path, len(w.probes), runs)
+	}
+	if moved := after.movedSince(w.before[0]); moved != "" {
 		return Degraded, fmt.Sprintf("liveness probe %s failed %d times in a row (%s), but the engine is making progress (%s): slow, not wedged", w.cfg.Path, len(w.probes), runs, moved)
 	}
 	return Wedged, fmt.Sprintf("engine wedged: %d liveness probes of %s in a row went unanswered (%s) and no progress since %s: %s",
-		len(w.probes), w.cfg.Path, runs, w.probes[0].At.Format("15:04:05"), now.still(now.At))
+		len(w.probes), w.cfg.Path, runs, w.probes[0].At.Format("15:04:05"), after.still(after.At))
 }
+
+// Failed is how many probes in a row failed so far.
+func (w *LivenessWatch) Failed() int { return len(w.probes) }
 
 func (w *LivenessWatch) describe() string {
 	parts := make([]string, len(w.probes))
@@ -260,4 +275,85 @@ func (w *LivenessWatch) describe() string {
 		parts[i] = p.String()
 	}
 	return strings.Join(parts, "; ")
+}
+
+// followChunk bounds what one LogFollower.Read scans: a log that grew by more since the
+// last look is caught up over the next reads.
+const followChunk = 16 << 20
+
+// LogFollower reads one generation's growing log for a liveness watch: each Read scans
+// only the lines appended since the last one (engines.Scanner), so that a log of a week
+// costs nothing per probe. It is safe for concurrent use (probes overlap).
+type LogFollower struct {
+	mu   sync.Mutex
+	path string
+	off  int64
+	part []byte // the unfinished last line
+	long bool   // the unfinished line passed engines' line limit: skipped
+	sc   *engines.Scanner
+}
+
+// FollowLog starts following the log at path from its beginning.
+func FollowLog(path string) *LogFollower {
+	return &LogFollower{path: path, sc: engines.NewScanner(time.Local, time.Now())}
+}
+
+// Read scans what the log grew by and returns what the whole log shows so far, and the
+// engine its lines come from (ok false while none said).
+func (f *LogFollower) Read() (m engines.Metrics, d engines.Dialect, ok bool, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	file, err := os.Open(f.path)
+	if err != nil {
+		return m, "", false, err
+	}
+	defer file.Close()
+	if st, err := file.Stat(); err == nil && st.Size() < f.off {
+		// Truncated or replaced: what it holds now is another text.
+		f.off, f.part, f.long, f.sc = 0, nil, false, engines.NewScanner(time.Local, time.Now())
+	}
+	if _, err := file.Seek(f.off, io.SeekStart); err != nil {
+		return m, "", false, err
+	}
+	buf := make([]byte, 64<<10)
+	for read := 0; read < followChunk; {
+		n, rerr := file.Read(buf)
+		read += n
+		f.off += int64(n)
+		f.feed(buf[:n])
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return m, "", false, rerr
+		}
+	}
+	d, ok = f.sc.Dialect()
+	return f.sc.Metrics(), d, ok, nil
+}
+
+// feed splits data into lines, keeping an unfinished last one for the next read.
+func (f *LogFollower) feed(data []byte) {
+	const maxLine = 1 << 20 // as engines' scanner: longer lines (a tqdm bar) are skipped
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		chunk := data
+		if i >= 0 {
+			chunk = data[:i]
+		}
+		if !f.long {
+			f.part = append(f.part, chunk...)
+			if len(f.part) > maxLine {
+				f.long, f.part = true, f.part[:0]
+			}
+		}
+		if i < 0 {
+			return
+		}
+		if !f.long {
+			f.sc.Line(string(f.part))
+		}
+		f.part, f.long = f.part[:0], false
+		data = data[i+1:]
+	}
 }

@@ -1,7 +1,7 @@
 package lifecycle
 
 import (
-	"context"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -23,12 +23,12 @@ func TestLivenessWatchVerdicts(t *testing.T) {
 		return Probe{At: t0.Add(time.Duration(i) * 15 * time.Second), Took: 20 * time.Second, Kind: ProbeTimeout}
 	}
 	still := func(i int) Progress {
-		return Progress{At: t0.Add(time.Duration(i)*15*time.Second + 20*time.Second), LastBatch: t0.Add(-35 * time.Second),
+		return Progress{At: t0.Add(time.Duration(i)*15*time.Second + 20*time.Second), Observed: true, Batches: 7, LastBatch: t0.Add(-35 * time.Second),
 			GenerationTokens: f64(1234), Requests: f64(56), Queued: intp(2), Running: intp(1)}
 	}
 	busy := func(i int) Progress {
 		p := still(i)
-		p.LastBatch = p.At.Add(-time.Second)
+		p.LastBatch, p.Batches = p.At.Add(-time.Second), 7+i
 		p.GenerationTokens = f64(1234 + float64(i*40))
 		return p
 	}
@@ -64,6 +64,13 @@ func TestLivenessWatchVerdicts(t *testing.T) {
 			{timeout(0), busy(0), Degraded}, {timeout(1), busy(1), Degraded}, {timeout(2), busy(2), Degraded},
 			{timeout(3), busy(2), Degraded}, {timeout(4), busy(2), Degraded}, {timeout(5), busy(2), Wedged}},
 			"no progress since 10:00:45"},
+		{"progress that cannot be observed is never a wedge", []step{
+			{timeout(0), Progress{At: t0}, Degraded}, {timeout(1), Progress{At: t0}, Degraded}, {timeout(2), Progress{At: t0}, Degraded}, {timeout(3), Progress{At: t0}, Degraded}},
+			"progress cannot be observed"},
+		{"batch lines within one second of each other still count", []step{
+			{timeout(0), still(0), Degraded}, {timeout(1), func() Progress { p := still(1); p.Batches++; return p }(), Degraded},
+			{timeout(2), func() Progress { p := still(2); p.Batches += 2; return p }(), Degraded}},
+			"making progress (2 new batch lines"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -71,7 +78,11 @@ func TestLivenessWatchVerdicts(t *testing.T) {
 			var say string
 			for i, s := range c.steps {
 				var got Verdict
-				got, say = w.Judge(s.probe, s.prog)
+				before := s.prog // as each probe is sent, the engine shows what the last answer saw
+				if i > 0 {
+					before = c.steps[i-1].prog
+				}
+				got, say = w.Judge(s.probe, before, s.prog)
 				if got != s.want {
 					t.Fatalf("step %d: %s (%s), want %s", i, got, say, s.want)
 				}
@@ -106,22 +117,23 @@ func TestLivenessAgainstTheFake(t *testing.T) {
 		w := NewLivenessWatch(cfg)
 		var v Verdict
 		var say string
-		for i := 0; i < rounds; i++ {
-			time.Sleep(300 * time.Millisecond) // room for batch lines between probes
-			p := l.ProbeLiveness(ctx(t), o.Port, cfg, time.Now)
-			b, err := os.ReadFile(x.LogPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fromLog, err := engines.ScanMetrics(context.Background(), strings.NewReader(string(b)))
-			if err != nil {
-				t.Fatal(err)
+		follow := FollowLog(x.LogPath)
+		progress := func() Progress {
+			fromLog, d, ok, err := follow.Read()
+			if err != nil || !ok || d != engines.SGLang {
+				t.Fatalf("the fake's log: %v, %q %v", err, d, ok)
 			}
 			scraped, err := l.Metrics(ctx(t), o.Port)
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, say = w.Judge(p, ProgressOf(fromLog, scraped, time.Now()))
+			return ProgressOf(&fromLog, &scraped, time.Now())
+		}
+		for i := 0; i < rounds; i++ {
+			time.Sleep(300 * time.Millisecond) // room for batch lines between probes
+			before := progress()
+			p := l.ProbeLiveness(ctx(t), o.Port, cfg, time.Now)
+			v, say = w.Judge(p, before, progress())
 			if v == Wedged {
 				break
 			}
@@ -142,4 +154,43 @@ func TestLivenessAgainstTheFake(t *testing.T) {
 			t.Errorf("a busy engine judged %s: %s", v, say)
 		}
 	})
+}
+
+// The follower reads only what a log grew by, finishes a line cut by a read, and starts
+// over on a log that was truncated.
+func TestLogFollowerReadsWhatTheLogGrewBy(t *testing.T) {
+	path := t.TempDir() + "/server.log"
+	batch := "[2026-12-03 10:00:0%d TP0] Decode batch, #running-req: 1, #token: 100, token usage: 0.01, cuda graph: True, gen throughput (token/s): 60.00, #queue-req: 0, \n"
+	write := func(flag int, text string) {
+		f, err := os.OpenFile(path, flag|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(text); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	f := FollowLog(path)
+	if _, _, _, err := f.Read(); err == nil {
+		t.Fatal("a missing log read without an error")
+	}
+	line1 := fmt.Sprintf(batch, 1)
+	write(os.O_TRUNC, line1+line1[:40])
+	m, d, ok, err := f.Read()
+	if err != nil || m.Events != 1 || d != engines.SGLang || !ok {
+		t.Fatalf("first read: %d batch lines, %q %v, %v; want 1, sglang", m.Events, d, ok, err)
+	}
+	write(os.O_APPEND, line1[40:]+fmt.Sprintf(batch, 2))
+	if m, _, _, _ = f.Read(); m.Events != 3 || m.LastEvent.Second() != 2 {
+		t.Fatalf("after the rest of a cut line and one more: %d batch lines, newest %s; want 3, :02", m.Events, m.LastEvent)
+	}
+	if m, _, _, _ = f.Read(); m.Events != 3 {
+		t.Fatalf("nothing appended, yet %d batch lines", m.Events)
+	}
+	write(os.O_TRUNC, "plain text\n")
+	m, _, ok, _ = f.Read()
+	if m.Events != 0 || ok {
+		t.Fatalf("a truncated log kept %d batch lines (dialect known %v)", m.Events, ok)
+	}
 }
