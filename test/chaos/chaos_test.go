@@ -49,6 +49,13 @@ const (
 	blobPause  = 10 * time.Millisecond // ≈ 3 MiB/s: a blob takes about a second
 	maxDelay   = 1600 * time.Millisecond
 	applyLimit = 90 * time.Second // one apply that is not killed
+	// killStreak is how many applies in a row are killed before one runs to its end. A
+	// converging apply takes longer than maxDelay (its smoke test alone takes seconds on
+	// 2 cores), so without it no apply converged, the plan never changed, and every kill
+	// after the first deployment landed in the verification of the same server: none in
+	// a download of a new blob (no checkpoint was ever resumed), a verified stop or a
+	// launch of a new generation.
+	killStreak = 4
 )
 
 // blob is epoch e's download content: deterministic, different per epoch.
@@ -64,32 +71,51 @@ func blob(e int) []byte {
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
 
-// blobServer serves /blob/E slowly with ranges and ETags, and checks resumption: when
-// expect[path] is set, the next GET of path must start at that offset or later.
+// blobServer serves /blob/E slowly with ranges and ETags, and checks resumption: no GET
+// of path may ask again for bytes in durable[path], what a killed agent's checkpoint
+// said it had on disk (a ranged download's sidecar, version 2, counts durable bytes per
+// block; a single stream's, version 1, a prefix).
 type blobServer struct {
 	mu         sync.Mutex
 	content    map[string][]byte
-	expect     map[string]int64
+	durable    map[string][][2]int64 // path → [from, to) byte ranges
+	checked    map[string]bool       // the next GET of path is the first since its checkpoint was read
 	violations []string
 	gets       int
-	resumes    int // GETs checked against a checkpoint left by a kill
+	resumes    int // GETs checked against a checkpoint left by a kill, the first after each
 	sent       int64
 }
+
+var rangeHeader = regexp.MustCompile(`^bytes=(\d+)-(\d*)$`)
 
 func (s *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	body, ok := s.content[r.URL.Path]
 	if ok && r.Method == http.MethodGet {
 		s.gets++
-		start := int64(0)
-		if m := regexp.MustCompile(`^bytes=(\d+)-`).FindStringSubmatch(r.Header.Get("Range")); m != nil {
+		start, end := int64(0), int64(len(body)-1)
+		if m := rangeHeader.FindStringSubmatch(r.Header.Get("Range")); m != nil {
 			start, _ = strconv.ParseInt(m[1], 10, 64)
+			if m[2] != "" {
+				end, _ = strconv.ParseInt(m[2], 10, 64)
+			}
 		}
-		if want, has := s.expect[r.URL.Path]; has {
-			delete(s.expect, r.URL.Path)
-			s.resumes++
-			if start < want {
-				s.violations = append(s.violations, fmt.Sprintf("%s: resumed at %d, but a checkpoint at %d was left", r.URL.Path, start, want))
+		// bytes=0-0 is the single stream's probe for the size and the ETag (grab's HEAD),
+		// not a download.
+		if ranges := s.durable[r.URL.Path]; len(ranges) > 0 && (start != 0 || end != 0) {
+			if s.checked[r.URL.Path] {
+				s.resumes++
+				s.checked[r.URL.Path] = false
+			}
+			again := int64(0)
+			for _, d := range ranges {
+				if start < d[1] && end >= d[0] {
+					again += min(end+1, d[1]) - max(start, d[0])
+				}
+			}
+			if again > 0 {
+				s.violations = append(s.violations, fmt.Sprintf("%s: GET bytes=%d-%d asks again for %d bytes that a checkpoint left by a kill holds",
+					r.URL.Path, start, end, again))
 			}
 		}
 	}
@@ -155,7 +181,7 @@ func TestChaos(t *testing.T) {
 	host, state := c.host, c.state // var.root: unique to this run
 	port := testbin.FreePort(t)
 
-	srv := &blobServer{content: map[string][]byte{}, expect: map[string]int64{}}
+	srv := &blobServer{content: map[string][]byte{}, durable: map[string][][2]int64{}, checked: map[string]bool{}}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
 	model := testbin.QuickstartModel(t) // the quickstart's model directory
@@ -214,29 +240,50 @@ func TestChaos(t *testing.T) {
 		side := filepath.Join(host, "blobs", ".blob.bin.partial.json")
 		if b, err := os.ReadFile(side); err == nil {
 			var sc struct {
-				URL    string `json:"url"`
-				Offset int64  `json:"offset"`
+				Version int     `json:"version"`
+				URL     string  `json:"url"`
+				Offset  int64   `json:"offset"` // version 1: the durable prefix
+				Piece   int64   `json:"piece"`  // version 2: the block Done counts
+				Done    []int64 `json:"done"`   // durable bytes of each block, from its start
 			}
-			if json.Unmarshal(b, &sc) == nil && sc.Offset > 0 && strings.HasPrefix(sc.URL, hs.URL) {
-				srv.mu.Lock()
-				srv.expect[strings.TrimPrefix(sc.URL, hs.URL)] = sc.Offset
-				srv.mu.Unlock()
+			if json.Unmarshal(b, &sc) == nil && strings.HasPrefix(sc.URL, hs.URL) {
+				var ranges [][2]int64
+				if sc.Offset > 0 {
+					ranges = append(ranges, [2]int64{0, sc.Offset})
+				}
+				for i, n := range sc.Done {
+					if n > 0 {
+						ranges = append(ranges, [2]int64{int64(i) * sc.Piece, int64(i)*sc.Piece + n})
+					}
+				}
+				if len(ranges) > 0 {
+					path := strings.TrimPrefix(sc.URL, hs.URL)
+					srv.mu.Lock()
+					srv.durable[path], srv.checked[path] = ranges, true
+					srv.mu.Unlock()
+				}
 			}
 		}
 	}
 
 	began := time.Now()
-	killed, converged, runs := 0, 0, 0
+	killed, converged, runs, streak := 0, 0, 0, 0
 	for killed < c.kills {
 		runs++
 		delay := time.Duration(c.rng.Int63n(int64(maxDelay)))
 		c.step = fmt.Sprintf("run %d (kill %d/%d, epoch %d, kill after %v)", runs, killed+1, c.kills, epoch, delay)
+		if streak == killStreak {
+			delay = applyLimit
+			c.step = fmt.Sprintf("run %d (epoch %d, not killed after %d kills in a row)", runs, epoch, streak)
+		}
 		rc, wasKilled, out := run(delay, "apply")
 		if wasKilled {
 			killed++
+			streak++
 			checkHost()
 			continue
 		}
+		streak = 0
 		if rc != 0 {
 			c.fail("apply exited %d without being killed:\n%s", rc, out)
 		}

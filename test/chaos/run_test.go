@@ -41,7 +41,7 @@ func TestChaosRun(t *testing.T) {
 	port := testbin.FreePort(t)
 	listen := "127.0.0.1:" + strconv.Itoa(testbin.FreePort(t))
 
-	srv := &blobServer{content: map[string][]byte{}, expect: map[string]int64{}}
+	srv := &blobServer{content: map[string][]byte{}}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
 	model := testbin.QuickstartModel(t) // the quickstart's model directory
