@@ -308,14 +308,36 @@ func (c *chaosTest) alive(wait time.Duration) map[int]string {
 	}
 }
 
-// record reads the state record of server.qwen into rec and returns its bytes.
-func (c *chaosTest) record(rec any) []byte {
+// serverRecord is what the final checks read of server.qwen's state record.
+type serverRecord struct {
+	PID        int               `json:"pid"`
+	Generation int               `json:"generation"`
+	Marker     string            `json:"marker"`
+	VerifiedAt string            `json:"verified_at"`
+	Env        map[string]string `json:"env"`
+	RevertOf   int               `json:"revert_of"`
+	Rejected   *struct {
+		Generation int `json:"generation"`
+	} `json:"rejected"`
+}
+
+// checkOneServer reads server.qwen's record and fails unless exactly one of this run's
+// servers is alive (after up to wait for zombies and stops), the recorded one with the
+// recorded marker (an adopted process, a launch whose record a kill prevented, found
+// again by its exact argv, has none recorded), and unless the sampler never saw two
+// alive at once. It returns the record and its bytes.
+func (c *chaosTest) checkOneServer(wait time.Duration) (serverRecord, []byte) {
 	c.t.Helper()
+	var rec serverRecord
 	b, err := os.ReadFile(filepath.Join(c.state, "resources", "server.qwen.json"))
-	if err != nil || json.Unmarshal(b, rec) != nil {
+	if err != nil || json.Unmarshal(b, &rec) != nil {
 		c.fail("server state: %v %q", err, b)
 	}
-	return b
+	if alive := c.alive(wait); len(alive) != 1 || alive[rec.PID] == "" || rec.Marker != "" && alive[rec.PID] != rec.Marker {
+		c.fail("want exactly one server process, pid %d (%s), the recorded one; alive: %v", rec.PID, rec.Marker, alive)
+	}
+	c.checkNeverTwo()
+	return rec, b
 }
 
 // launches counts, per generation, the launches of server.qwen the agents logged.

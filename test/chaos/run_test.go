@@ -135,17 +135,7 @@ func TestChaosRun(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(c.host, "blobs", "blob.bin")); err != nil || sum(b) != sum(blob(epoch)) {
 		c.fail("the blob is not epoch %d's (%v)", epoch, err)
 	}
-	var rec struct {
-		PID        int    `json:"pid"`
-		Generation int    `json:"generation"`
-		Marker     string `json:"marker"`
-	}
-	c.record(&rec)
-	alive := c.alive(5 * time.Second)
-	if len(alive) != 1 || alive[rec.PID] == "" || rec.Marker != "" && alive[rec.PID] != rec.Marker {
-		c.fail("want exactly one server process, pid %d (%s), surviving the agent's stop; alive: %v", rec.PID, rec.Marker, alive)
-	}
-	c.checkNeverTwo()
+	rec, _ := c.checkOneServer(5 * time.Second) // the one that survives the agent's stop
 	launched := c.launches()
 	c.checkOneLaunchEach(launched)
 	t.Logf("chaos run: seed %d: %d kills of agent run survived, %d launches (generation %d recorded), %d plan epochs, %v",
