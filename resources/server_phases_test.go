@@ -79,11 +79,26 @@ func TestServerStartPhasesRecorded(t *testing.T) {
 		t.Errorf("phases %+v: want all four, weights about the fake's 11 s", rec.Start.Phases)
 	}
 
+	// A record without its start (an older agent's, or a launch under way) shows the
+	// phases the status's one pass over the log finds, and no total yet.
+	older := rec
+	older.Start = nil
+	if err := h.store.Save("server.qwen", &older); err != nil {
+		t.Fatal(err)
+	}
+	st := h.status("faults=slow-start=11s", "ready_timeout=60s").Status
+	if got := fieldOf(st, "start: weights"); got != took[engines.PhaseWeights].String() || fieldOf(st, "start: total") != "" || len(st.Series) != 4 {
+		t.Errorf("without a recorded start: start: weights = %q (want %s from the log), total %q, series %+v", got, took[engines.PhaseWeights], fieldOf(st, "start: total"), st.Series)
+	}
+	if err := h.store.Save("server.qwen", &rec); err != nil {
+		t.Fatal(err)
+	}
+
 	// Status reads the record: with the log emptied it still shows the start.
 	if err := os.Truncate(rec.LogPath, 0); err != nil {
 		t.Fatal(err)
 	}
-	st := h.status("faults=slow-start=11s", "ready_timeout=60s").Status
+	st = h.status("faults=slow-start=11s", "ready_timeout=60s").Status
 	if got := fieldOf(st, "start: weights"); got != took[engines.PhaseWeights].String() {
 		t.Errorf("status start: weights = %q, want %s (fields %+v)", got, took[engines.PhaseWeights], st.Fields)
 	}
