@@ -86,6 +86,11 @@ type serverRecord struct {
 	// against the running server), and when it ran when not at launch.
 	SmokeDigest string    `json:"smoke_digest,omitempty"`
 	SmokeRanAt  time.Time `json:"smoke_ran_at,omitzero"`
+	// Start is this generation's start (its phases, read from its log once it verified:
+	// server_phases.go); PrevStart the newest verified start before it, which a start of
+	// the same identity is compared with.
+	Start     *startRecord `json:"start,omitempty"`
+	PrevStart *startRecord `json:"prev_start,omitempty"`
 }
 
 func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }

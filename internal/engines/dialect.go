@@ -133,12 +133,14 @@ type scanner struct {
 	now        time.Time
 	appStarted time.Time
 	sawStartup bool
+	phases     *phaseScan
 }
 
 func (s *scanner) line(raw string) {
 	line := clean(raw)
 	s.votes.add(line)
-	s.m.UpdateIn(line, s.loc) // SGLang's lines; counts every line
+	s.phases.line(line, s.m.LastLineTime) // before this line's own time is read
+	s.m.UpdateIn(line, s.loc)             // SGLang's lines; counts every line
 	msg := line
 	var at time.Time
 	if h := vllmHead.FindStringSubmatchIndex(line); h != nil {
@@ -199,6 +201,7 @@ func (s *scanner) line(raw string) {
 }
 
 func (s *scanner) result() Metrics {
+	s.m.Phases = s.phases.marks(s.votes.winner())
 	if s.votes.winner() == VLLM {
 		// uvicorn's startup line: for SGLang it comes before the warm-up and
 		// means nothing; for vLLM the engine is up by then.
@@ -213,7 +216,8 @@ func (s *scanner) result() Metrics {
 // latest serving state it shows (see Metrics). It stops with ctx's
 // error when ctx is done.
 func ScanMetrics(ctx context.Context, r io.Reader) (Metrics, error) {
-	s := &scanner{votes: tally{}, loc: time.Local, now: time.Now()}
+	now := time.Now()
+	s := &scanner{votes: tally{}, loc: time.Local, now: now, phases: newPhaseScan(time.Local, now)}
 	err := scanLines(ctx, r, s.line)
 	return s.result(), err
 }
