@@ -2,7 +2,7 @@
 // etcd-server 3.4, started on loopback by internal/coord/etcdtest): three `agent run`s,
 // each with its own state directory, fake SGLang server and var file, share one plan
 // whose server is in rollout group "qwen" with max_unavailable = 1. A sampler asks every
-// server's /health every 100 ms and keeps the most that were down at once. The tests run
+// server's /health every 20 ms and keeps the most that were down at once. The tests run
 // in parallel: each has its own etcd, working directory, ports and etcd proxies.
 package fleet_test
 

@@ -334,7 +334,7 @@ func tail(s string, n int) string {
 	return s
 }
 
-// sampler asks every server's /health every 100 ms and keeps the most down at once
+// sampler asks every server's /health every 20 ms and keeps the most down at once
 // (testbin.WatchHealth, by host name here).
 type sampler struct {
 	hosts []*host
@@ -346,7 +346,7 @@ func startSampler(hosts []*host) *sampler {
 	for _, x := range hosts {
 		ports = append(ports, x.port)
 	}
-	return &sampler{hosts: hosts, w: testbin.WatchHealth(ports, 100*time.Millisecond)}
+	return &sampler{hosts: hosts, w: testbin.WatchHealth(ports, 20*time.Millisecond)}
 }
 
 // check stops the sampler and fails the test if more than limit were down at once; it
@@ -370,7 +370,7 @@ func (s *sampler) check(t *testing.T, limit int) int {
 	if r.Peak > 0 {
 		peakAt = fmt.Sprintf("%v at %s", at, r.PeakTime.Format(time.StampMilli))
 	}
-	t.Logf("sampler: %d samples every 100 ms, down samples per host %v, most down at once %d (%s)", r.Samples, downs, r.Peak, peakAt)
+	t.Logf("sampler: %d samples every 20 ms, down samples per host %v, most down at once %d (%s)", r.Samples, downs, r.Peak, peakAt)
 	if r.Peak > limit {
 		t.Errorf("%d servers of the group were down at once (%s); max_unavailable is %d", r.Peak, peakAt, limit)
 		for _, x := range s.hosts {
