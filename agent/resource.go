@@ -122,6 +122,21 @@ type Status struct {
 	// (agent_server_accept_length{resource="server.qwen", kind="server"}). Keys are
 	// snake_case with the unit last (done_bytes, eta_seconds); booleans are 0 or 1.
 	Metrics map[string]float64 `json:"metrics"`
+	// Series are numbers that need labels of their own besides the resource's (a server's
+	// start time per phase): `agent run` exports each as
+	// agent_<kind>_<name>{resource, kind, <its labels>}. The series of one name carry the
+	// same label names (Prometheus wants one label set per metric name): give a label
+	// that does not apply the value "".
+	Series []Series `json:"series"`
+}
+
+// Series is one labelled number of a Status: Name as a Metrics key (snake_case, unit
+// last), Labels with snake_case names other than resource, kind, name and member (the
+// labels `agent run` adds).
+type Series struct {
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels"`
+	Value  float64           `json:"value"`
 }
 
 // MemberField is the key of the Status field naming the cluster member a resource lives

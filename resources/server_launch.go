@@ -58,6 +58,7 @@ func (s *Server) launchGeneration(ctx context.Context, env *agent.Env, lc *lifec
 	}
 	spec := lifecycle.Spec{Argv: s.argv(), Env: penv, Workdir: s.workdir, User: s.user, Marker: marker, Home: s.serverHome(env)}
 	want.HomeDir = spec.Home
+	want.PrevStart = lastStart(p.held) // the next start is compared with it (server_phases.go)
 	keep := func(r *serverRecord) {
 		if p.keep != nil {
 			p.keep(r)
@@ -100,7 +101,7 @@ func (s *Server) launchGeneration(ctx context.Context, env *agent.Env, lc *lifec
 		}
 		return &rec, errors.Join(err, serr)
 	}
-	return &rec, s.recordVerification(env, &rec, x, err)
+	return &rec, s.recordVerification(ctx, env, lc, &rec, x, err)
 }
 
 // launchEnv is a launch's environment: the plan's, and the launch's owner, this state

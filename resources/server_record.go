@@ -90,6 +90,11 @@ type serverRecord struct {
 	// evidence, and how many generations of this server were found wedged.
 	Wedge  *wedgeIncident `json:"wedge,omitempty"`
 	Wedges int            `json:"wedges,omitempty"`
+	// Start is this generation's start (its phases, read from its log once it verified:
+	// server_phases.go); PrevStart the newest verified start before it, which a start of
+	// the same identity is compared with.
+	Start     *startRecord `json:"start,omitempty"`
+	PrevStart *startRecord `json:"prev_start,omitempty"`
 }
 
 func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }

@@ -99,7 +99,7 @@ func statusLog(ctx context.Context, env *agent.Env, st *agent.Status, lc *lifecy
 	default:
 		field(agent.AgeField("newest_line_at", "newest line", m.LastLineTime, env.Now()))
 	}
-	statusPhases(st, logPath, rec, env.Now())
+	statusPhases(st, rec, m.Phases)
 	return m, logPath
 }
 

@@ -79,12 +79,13 @@ func (s *Server) verifyRecorded(ctx context.Context, env *agent.Env, lc *lifecyc
 		Name: s.name, LogDir: s.logDir, Generation: rec.Generation, Port: s.port,
 		Spec: lifecycle.Spec{Marker: rec.Marker}, Ready: s.ready, Smoke: s.smoke,
 	})
-	return s.recordVerification(env, rec, x, err)
+	return s.recordVerification(ctx, env, lc, rec, x, err)
 }
 
 // recordVerification records how far the verification of launch x (recorded as rec) got,
-// and returns err, the launch's own error.
-func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecycle.Launched, err error) error {
+// with its start phases once it verified (read from its log where lc runs it), and
+// returns err, the launch's own error.
+func (s *Server) recordVerification(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, rec *serverRecord, x *lifecycle.Launched, err error) error {
 	if x == nil || rec.PID == 0 {
 		return err
 	}
@@ -101,6 +102,9 @@ func (s *Server) recordVerification(env *agent.Env, rec *serverRecord, x *lifecy
 	var se *lifecycle.SmokeError
 	if errors.As(err, &se) {
 		rec.SmokeFailure = se.Result.Reason
+	}
+	if rec.verified() {
+		recordStart(ctx, env, lc, rec)
 	}
 	var le *lifecycle.LaunchError
 	if errors.As(err, &le) {

@@ -23,8 +23,8 @@ import (
 //   - process ids after "pid", "PID", "kill" or "kill -HUP", and the client port of a loopback access-log
 //     line (127.0.0.1:51000 - "GET /health …");
 //   - wall-clock times (2026-12-02 15:08:22, RFC 3339) → TIME;
-//   - measured durations: in parentheses at the end of a step's line ("(3.131s)"), and
-//     ages ("5m8s ago") → DUR.
+//   - measured durations: in parentheses at the end of a step's line ("(3.131s)"), ages
+//     ("5m8s ago") and a start's phases and total ("start: weights  1s") → DUR.
 var (
 	pidRE      = regexp.MustCompile(`\b(pid|PID|kill|kill -HUP)(\s+)\d+\b`)
 	clientRE   = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - "`)
@@ -71,9 +71,13 @@ func normalize(getenv func(string) string, text string) string {
 // access-log line's quote are escaped in JSON strings.
 var (
 	durationMSRE = regexp.MustCompile(`"duration_ms": \d+`)
-	phaseJSONRE  = regexp.MustCompile(`("key": "start_[a-z_]+_seconds",\s*"name": "[^"]*",\s*"value": )[\d.e+-]+(,\s*"text": ")[^"]*"`)
-	pidFieldRE   = regexp.MustCompile(`("key": "(?:pid|[a-z_]+_pid)",\s*"name": "[^"]*",\s*"value": )\d+(,\s*"text": ")\d+`)
-	clientJSONRE = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - \\"`)
+	phaseJSONRE  = regexp.MustCompile(`("key": "start_(?:[a-z_]+_)?seconds",\s*"name": "[^"]*",\s*"value": )[\d.e+-]+(,\s*"text": ")[^"]*"`)
+	// A start's measured times as numbers: the start_seconds metric, and the
+	// start_phase_seconds series.
+	startMetricRE = regexp.MustCompile(`("start_seconds": )[\d.e+-]+`)
+	phaseSeriesRE = regexp.MustCompile(`("name": "start_phase_seconds",\s*"labels": \{[^}]*\},\s*"value": )[\d.e+-]+`)
+	pidFieldRE    = regexp.MustCompile(`("key": "(?:pid|[a-z_]+_pid)",\s*"name": "[^"]*",\s*"value": )\d+(,\s*"text": ")\d+`)
+	clientJSONRE  = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - \\"`)
 )
 
 // normalizeJSON is normalize for a --json document: the same replacements, and those of
@@ -84,6 +88,8 @@ func normalizeJSON(getenv func(string) string, doc string) string {
 	}
 	doc = durationMSRE.ReplaceAllString(doc, `"duration_ms": "DUR"`)
 	doc = phaseJSONRE.ReplaceAllString(doc, `${1}"DUR"${2}DUR"`)
+	doc = startMetricRE.ReplaceAllString(doc, `${1}"DUR"`)
+	doc = phaseSeriesRE.ReplaceAllString(doc, `${1}"DUR"`)
 	doc = pidFieldRE.ReplaceAllString(doc, `${1}"PID"${2}PID`)
 	doc = clientJSONRE.ReplaceAllString(doc, `127.0.0.1:CLIENT - \"`)
 	return normalize(getenv, doc)

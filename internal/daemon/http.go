@@ -224,32 +224,61 @@ func (c *statusCollector) keep(addrs []string) {
 
 type statusSample struct {
 	kind, key, name string
-	resource        string // the address
-	member          string // the cluster member, "" when none
+	resource        string            // the address
+	member          string            // the cluster member, "" when none
+	labels          map[string]string // a series' own labels (agent.Series); nil for a plain number
 	value           float64
 }
+
+// ownLabels are the labels the collector gives every status series: a series' own
+// labels must not be one of them.
+var ownLabels = map[string]bool{"resource": true, "kind": true, "name": true, "member": true}
 
 var metricKey = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {} // unchecked collector: series vary with the plan
 
+// Collect exports every sample with its family's label set: Prometheus wants one set of
+// label names per metric name, and a family's samples may differ (a member on some, a
+// series' own labels, a resource whose series lack a label another's have), so each
+// family has the union of its samples' label names, "" where a sample has none. A
+// sample with the label values of one already exported is dropped (a scrape would fail
+// on it).
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	all := slices.Concat(slices.Collect(maps.Values(c.samples))...)
+	slices.SortStableFunc(all, func(a, b statusSample) int { return strings.Compare(a.resource, b.resource) })
 	withMember := map[string]bool{}
-	for _, ss := range c.samples {
-		for _, s := range ss {
-			if s.member != "" {
-				withMember[s.kind+"_"+s.key] = true
+	own := map[string]map[string]bool{} // family → its series' own label names
+	for _, s := range all {
+		f := s.kind + "_" + s.key
+		if s.member != "" {
+			withMember[f] = true
+		}
+		for k := range s.labels {
+			if own[f] == nil {
+				own[f] = map[string]bool{}
 			}
+			own[f][k] = true
 		}
 	}
-	for _, s := range slices.Concat(slices.Collect(maps.Values(c.samples))...) {
+	seen := map[string]bool{}
+	for _, s := range all {
+		f := s.kind + "_" + s.key
 		labels, values := []string{"resource", "kind", "name"}, []string{s.resource, kindOf(s.resource), s.name}
-		if withMember[s.kind+"_"+s.key] {
+		if withMember[f] {
 			labels, values = append(labels, "member"), append(values, s.member)
 		}
-		desc := prometheus.NewDesc("agent_"+s.kind+"_"+s.key, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", labels, nil)
+		for _, k := range slices.Sorted(maps.Keys(own[f])) {
+			labels, values = append(labels, k), append(values, s.labels[k])
+		}
+		id := f + "\x00" + strings.Join(values, "\x00")
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		desc := prometheus.NewDesc("agent_"+f, "Observed "+strings.ReplaceAll(s.key, "_", " ")+" of each "+s.kind+".", labels, nil)
 		if m, err := prometheus.NewConstMetric(desc, statusValueType(s.key), s.value, values...); err == nil {
 			ch <- m
 		}

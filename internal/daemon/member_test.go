@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/agent-dev/agent/agent"
 )
 
 // TestStatusMetricsMemberLabel: every status series says its resource (the address) and
@@ -61,5 +65,57 @@ func TestStatusMetricsCounters(t *testing.T) {
 	}
 	if types["agent_server_reverts_total"] != "COUNTER" || types["agent_server_rolled_back"] != "GAUGE" {
 		t.Errorf("types %v, want agent_server_reverts_total a COUNTER and agent_server_rolled_back a GAUGE", types)
+	}
+}
+
+// TestStatusSeriesLabels: a status series (agent.Series) is exported with the resource's
+// labels and its own; the families stay one label set each when the resources' series
+// disagree (a label one lacks is ""), a series repeated is exported once, and a series
+// naming a label of the collector's own is not exported: a pedantic gather has no error
+// and nothing panics.
+func TestStatusSeriesLabels(t *testing.T) {
+	c := &statusCollector{}
+	c.set("server.a", []statusSample{
+		{kind: "server", key: "start_phase_seconds", name: "a", resource: "server.a", labels: map[string]string{"phase": "ready"}, value: 40},
+		{kind: "server", key: "start_phase_seconds", name: "a", resource: "server.a", labels: map[string]string{"phase": "ready"}, value: 41},
+		{kind: "server", key: "start_phase_seconds", name: "a", resource: "server.a", labels: map[string]string{"phase": "weights_loaded"}, value: 190},
+	})
+	c.set("server.b", []statusSample{
+		{kind: "server", key: "start_phase_seconds", name: "b", resource: "server.b", labels: map[string]string{"phase": "ready", "rank": "0"}, value: 7},
+		{kind: "server", key: "start_phase_seconds", name: "b", resource: "server.b", value: 8},
+	})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	var got []string
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var pairs []string
+			for _, lp := range m.GetLabel() {
+				pairs = append(pairs, lp.GetName()+"="+lp.GetValue())
+			}
+			got = append(got, fmt.Sprintf("%s{%s} %g", mf.GetName(), strings.Join(pairs, ","), m.GetGauge().GetValue()))
+		}
+	}
+	slices.Sort(got)
+	want := []string{
+		"agent_server_start_phase_seconds{kind=server,name=a,phase=ready,rank=,resource=server.a} 40",
+		"agent_server_start_phase_seconds{kind=server,name=a,phase=weights_loaded,rank=,resource=server.a} 190",
+		"agent_server_start_phase_seconds{kind=server,name=b,phase=,rank=,resource=server.b} 8",
+		"agent_server_start_phase_seconds{kind=server,name=b,phase=ready,rank=0,resource=server.b} 7",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, s := range []agent.Series{{Name: "x", Labels: map[string]string{"resource": "y"}}, {Name: "x", Labels: map[string]string{"Phase": "y"}}, {Name: "X"}} {
+		if seriesOK(s) {
+			t.Errorf("series %+v would be exported", s)
+		}
+	}
+	if !seriesOK(agent.Series{Name: "start_phase_seconds", Labels: map[string]string{"phase": "ready"}}) {
+		t.Error("a good series is not exported")
 	}
 }

@@ -173,6 +173,7 @@ func (d *Daemon) stepFor(addr string, now time.Time) *agent.Step {
 		s = *rs.status.Status
 		s.Fields = slices.Clone(s.Fields)
 		s.Metrics = maps.Clone(s.Metrics)
+		s.Series = slices.Clone(s.Series)
 	}
 	var w *WaitingError
 	switch {
@@ -251,5 +252,24 @@ func (d *Daemon) samplesOf(addr string) []statusSample {
 			out = append(out, statusSample{kind: r.Type, key: k, name: r.Name, resource: addr, member: member, value: st.Metrics[k]})
 		}
 	}
+	for _, s := range st.Series {
+		if seriesOK(s) {
+			out = append(out, statusSample{kind: r.Type, key: s.Name, name: r.Name, resource: addr, member: member, labels: maps.Clone(s.Labels), value: s.Value})
+		}
+	}
 	return out
+}
+
+// seriesOK reports whether a status series can be exported: a metric name and label
+// names as Prometheus has them, none of them a label the collector adds itself.
+func seriesOK(s agent.Series) bool {
+	if !metricKey.MatchString(s.Name) {
+		return false
+	}
+	for k := range s.Labels {
+		if !metricKey.MatchString(k) || ownLabels[k] {
+			return false
+		}
+	}
+	return true
 }

@@ -133,12 +133,14 @@ type scanner struct {
 	now        time.Time
 	appStarted time.Time
 	sawStartup bool
+	phases     *phaseScan
 }
 
 func (s *scanner) line(raw string) {
 	line := clean(raw)
 	s.votes.add(line)
-	s.m.UpdateIn(line, s.loc) // SGLang's lines; counts every line
+	s.phases.line(line, s.m.LastLineTime) // before this line's own time is read
+	s.m.UpdateIn(line, s.loc)             // SGLang's lines; counts every line
 	msg := line
 	var at time.Time
 	if h := vllmHead.FindStringSubmatchIndex(line); h != nil {
@@ -199,6 +201,7 @@ func (s *scanner) line(raw string) {
 }
 
 func (s *scanner) result() Metrics {
+	s.m.Phases = s.phases.marks(s.votes.winner())
 	if s.votes.winner() == VLLM {
 		// uvicorn's startup line: for SGLang it comes before the warm-up and
 		// means nothing; for vLLM the engine is up by then.
@@ -225,7 +228,7 @@ type Scanner struct{ s scanner }
 
 // NewScanner starts a scanner; vLLM's month-day times take their year from now.
 func NewScanner(loc *time.Location, now time.Time) *Scanner {
-	return &Scanner{s: scanner{votes: tally{}, loc: loc, now: now}}
+	return &Scanner{s: scanner{votes: tally{}, loc: loc, now: now, phases: newPhaseScan(loc, now)}}
 }
 
 // Line folds one line (its newline optional).

@@ -41,6 +41,8 @@ type Metrics struct {
 	Ready        bool      // the dialect's ReadyLine seen
 	ReadyAt      time.Time
 	ListenURL    string // from "Uvicorn running on http://...", or vLLM's and llama.cpp's own line
+	// Phases are the start phases the log shows (StartPhases), read in the same pass.
+	Phases []PhaseMark
 
 	// ranks holds the latest decode figures of each data-parallel rank: with
 	// DP attention every DP rank logs its own Decode batch lines, and the

@@ -60,43 +60,88 @@ var phaseLines = map[Dialect][]struct {
 	},
 }
 
+// phaseHints are words every line that ends a phase contains, in any dialect: a line
+// without one is not parsed for its time (the fold of a whole log in ScanMetrics reads
+// every line of a log that may be gigabytes).
+var phaseHints = []string{
+	"Load weight end.", "KV Cache is allocated.", "Memory pool end.", " graph end.", SGLangReadyLine,
+	"Model loading took ", "Loading model weights took ", "KV cache size: ", " blocks: ", "Graph capturing finished in ",
+	ReadyLine(VLLM), ReadyLine(LlamaCPP),
+}
+
+var mayEndPhase = contains(phaseHints...)
+
+// phaseScan collects the phases a log shows, line by line, for every dialect at once:
+// which dialect the log is in is known only at its end (Sniff's majority), and a log is
+// read once.
+type phaseScan struct {
+	seen map[Dialect]map[Phase]PhaseMark
+	loc  *time.Location
+	now  time.Time
+}
+
+func newPhaseScan(loc *time.Location, now time.Time) *phaseScan {
+	if loc == nil {
+		loc = time.Local
+	}
+	return &phaseScan{seen: map[Dialect]map[Phase]PhaseMark{}, loc: loc, now: now}
+}
+
+// line looks at one cleaned line; last is the time of the newest line before it that
+// had one (a phase ended by a line without a time is marked then, Estimated).
+func (p *phaseScan) line(line string, last time.Time) {
+	if !mayEndPhase(line) {
+		return
+	}
+	at, msg, ok := lineTime(line, p.loc, p.now)
+	for d, rules := range phaseLines {
+		for _, r := range rules {
+			if _, done := p.seen[d][r.phase]; done || !r.match(msg) {
+				continue
+			}
+			if p.seen[d] == nil {
+				p.seen[d] = map[Phase]PhaseMark{}
+			}
+			if ok {
+				p.seen[d][r.phase] = PhaseMark{Phase: r.phase, At: at}
+			} else if !last.IsZero() {
+				p.seen[d][r.phase] = PhaseMark{Phase: r.phase, At: last, Estimated: true}
+			}
+		}
+	}
+}
+
+// marks are the phases seen in dialect d's lines, in start order.
+func (p *phaseScan) marks(d Dialect) []PhaseMark {
+	var out []PhaseMark
+	for _, ph := range Phases {
+		if m, ok := p.seen[d][ph]; ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // StartPhases reads the phases of one launch from its log's lines (this generation's
 // log only: a phase of an earlier launch must not be read as this one's), in loc, for
 // a log read at now (vLLM's times have no year). Each phase is marked at the first line
 // that ends it; every rank logs its own, and the first is when the phase ended for the
 // launch's first rank. A phase the log does not show is missing from the result, which
-// is in start order.
+// is in start order. ScanMetrics folds the same into Metrics.Phases while it reads a
+// whole log.
 func StartPhases(lines []string, loc *time.Location, now time.Time) []PhaseMark {
-	if loc == nil {
-		loc = time.Local
-	}
-	rules := phaseLines[Sniff(lines)]
-	seen := map[Phase]PhaseMark{}
+	p := newPhaseScan(loc, now)
+	t := tally{}
 	var last time.Time
 	for _, raw := range lines {
 		line := clean(raw)
-		at, msg, ok := lineTime(line, loc, now)
-		if ok {
+		t.add(line)
+		p.line(line, last)
+		if at, _, ok := lineTime(line, p.loc, now); ok {
 			last = at
 		}
-		for _, r := range rules {
-			if _, done := seen[r.phase]; done || !r.match(msg) {
-				continue
-			}
-			if ok {
-				seen[r.phase] = PhaseMark{Phase: r.phase, At: at}
-			} else if !last.IsZero() {
-				seen[r.phase] = PhaseMark{Phase: r.phase, At: last, Estimated: true}
-			}
-		}
 	}
-	var out []PhaseMark
-	for _, p := range Phases {
-		if m, ok := seen[p]; ok {
-			out = append(out, m)
-		}
-	}
-	return out
+	return p.marks(t.winner())
 }
 
 // lineTime returns a line's own time and its message without the prefix; ok is false

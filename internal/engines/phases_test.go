@@ -78,3 +78,27 @@ func TestStartPhasesWholeStart(t *testing.T) {
 		}
 	}
 }
+
+// ScanMetrics reads the same phases as StartPhases in its one pass over a log: status
+// reads a start in progress from that pass, not from a second read of the log.
+func TestScanMetricsFoldsStartPhases(t *testing.T) {
+	t.Parallel()
+	logs := readReal(t, "startup-*.log")
+	logs = append(logs, realLog{name: "whole sglang start", lines: strings.Split(`[2026-12-03 10:00:00 TP0] Load weight begin. avail mem=46.92 GB
+[2026-12-03 10:03:11 TP0] Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail mem=21.01 GB, mem usage=25.91 GB.
+[2026-12-03 10:03:20 TP0] KV Cache is allocated. #tokens: 413696, K size: 3.16 GB, V size: 3.16 GB
+[2026-12-03 10:05:02 TP0] Capture cuda graph end. Time elapsed: 101.02 s. mem usage=0.31 GB. avail mem=5.67 GB.
+[2026-12-03 10:05:40] The server is fired up and ready to roll!`, "\n")}, realLog{name: "vllm's untimed ready line", lines: strings.Split(`(EngineCore_DP0 pid=441) INFO 12-03 11:43:54 [gpu_model_runner.py:3341] Model loading took 2.0513 GiB memory and 27.200487 seconds
+(APIServer pid=440) INFO 12-03 11:44:25 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000
+(APIServer pid=440) INFO:     Application startup complete.`, "\n")})
+	for _, l := range logs {
+		m, err := ScanMetrics(t.Context(), strings.NewReader(strings.Join(l.lines, "\n")+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := marks(StartPhases(l.lines, time.Local, time.Now()))
+		if got := marks(m.Phases); got != want || want == "" {
+			t.Errorf("%s: ScanMetrics' phases %q, StartPhases' %q (both must show some)", l.name, got, want)
+		}
+	}
+}

@@ -47,6 +47,10 @@ func TestScanMetrics(t *testing.T) {
 		Events:        3,
 		Ready:         true,
 		ListenURL:     "http://127.0.0.1:30000",
+		Phases: []PhaseMark{
+			{Phase: PhaseWeights, At: time.Date(2026, 5, 9, 9, 19, 30, 0, time.Local)},
+			{Phase: PhaseReady, At: time.Date(2026, 5, 9, 9, 20, 6, 0, time.Local)},
+		},
 	}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(Metrics{}, "LastLineTime", "LastEvent", "ReadyAt"), cmpopts.IgnoreUnexported(Metrics{})); diff != "" {
 		t.Errorf("ScanMetrics mismatch (-want +got):\n%s", diff)

@@ -1,11 +1,16 @@
 package testbin
 
 import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -143,5 +148,33 @@ func TestNoLeaksFindsKillsAndFails(t *testing.T) {
 	defer f.Close()
 	if left := Leftovers(dir); len(left) != 0 {
 		t.Errorf("Leftovers counted this process: %v", left)
+	}
+}
+
+// The watch counts a refused port and a non-200 /health as down, and keeps the peak.
+func TestWatchHealthKeepsThePeak(t *testing.T) {
+	var status atomic.Int32
+	status.Store(http.StatusOK)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) }))
+	defer up.Close()
+	upPort := up.Listener.Addr().(*net.TCPAddr).Port
+	refused := FreePort(t)
+	w := WatchHealth([]int{upPort, refused}, 5*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	status.Store(http.StatusServiceUnavailable)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		w.mu.Lock()
+		peak := w.res.Peak
+		w.mu.Unlock()
+		if peak == 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	r := w.Stop()
+	if r.Peak != 2 || len(r.PeakDown) != 2 || r.Downs[refused] < r.Downs[upPort] || r.Downs[upPort] == 0 || r.Samples < 2 {
+		t.Errorf("want both ports down at the peak, the refused one in every sample: %+v", r)
+	}
+	if !strings.HasPrefix(r.PeakAt(), fmt.Sprintf("ports %v at ", r.PeakDown)) {
+		t.Errorf("PeakAt = %q", r.PeakAt())
 	}
 }

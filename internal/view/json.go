@@ -225,7 +225,7 @@ func jsonResource(command string, st *agent.Step, r *Redactor) JSONResource {
 // rather than absent (a failed status is {healthy: false, summary: "", ...}), secrets
 // redacted.
 func jsonStatus(in *agent.Status, r *Redactor) *agent.Status {
-	s := &agent.Status{Fields: []agent.Field{}, Metrics: map[string]float64{}}
+	s := &agent.Status{Fields: []agent.Field{}, Metrics: map[string]float64{}, Series: []agent.Series{}}
 	if in == nil {
 		return s
 	}
@@ -239,6 +239,14 @@ func jsonStatus(in *agent.Status, r *Redactor) *agent.Status {
 	}
 	for k, v := range in.Metrics {
 		s.Metrics[k] = v
+	}
+	for _, x := range in.Series {
+		labels := make(map[string]string, len(x.Labels))
+		for k, v := range x.Labels {
+			labels[k] = r.String(v)
+		}
+		x.Labels = labels
+		s.Series = append(s.Series, x)
 	}
 	return s
 }

@@ -2,15 +2,16 @@ package chaos_test
 
 // TestChaos: crash anywhere (issue 9, point 1). The quickstart plan (examples/quickstart)
 // plus a download from a throttled loopback HTTP server is applied again and again while
-// the agent is SIGKILLed at random points; after every converged apply the plan changes
-// (a new blob, a new --mem-fraction-static) so the kills land in downloads, verified stops
-// and launches, not only in no-op plans. Afterwards the next apply converges and a plan is
-// a no-op, and:
+// the agent is SIGKILLed at random points (after four kills in a row one apply runs to its
+// end); after every converged apply the plan changes (a new blob, a new
+// --mem-fraction-static) so the kills land in downloads, verified stops and launches, not
+// only in no-op plans. Afterwards the next apply converges and a plan is a no-op, and:
 //
 //   - no file is in place unverified: every managed file holds exactly a content the plan
 //     declared at some point (never a prefix, never a mix);
-//   - no resumable partial is lost: after a kill that left a checkpoint at offset O, the
-//     next request for that file starts at O or later;
+//   - no resumable partial is lost: no request asks again for bytes that a kill's
+//     checkpoint held (a ranged download's durable bytes per block, or a single
+//     stream's prefix);
 //   - no server was started twice: a sampler reading /proc/*/environ (by PID and environ
 //     only) never saw two processes of this run's server alive at once, and at the end
 //     exactly one is, the one the state records;
@@ -24,26 +25,19 @@ package chaos_test
 // prints the seed and the step.
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"maps"
-	"math/rand"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,6 +50,13 @@ const (
 	blobPause  = 10 * time.Millisecond // ≈ 3 MiB/s: a blob takes about a second
 	maxDelay   = 1600 * time.Millisecond
 	applyLimit = 90 * time.Second // one apply that is not killed
+	// killStreak is how many applies in a row are killed before one runs to its end. A
+	// converging apply takes longer than maxDelay (its smoke test alone takes seconds on
+	// 2 cores), so without it no apply converged, the plan never changed, and every kill
+	// after the first deployment landed in the verification of the same server: none in
+	// a download of a new blob (no checkpoint was ever resumed), a verified stop or a
+	// launch of a new generation.
+	killStreak = 4
 )
 
 // blob is epoch e's download content: deterministic, different per epoch.
@@ -71,32 +72,51 @@ func blob(e int) []byte {
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
 
-// blobServer serves /blob/E slowly with ranges and ETags, and checks resumption: when
-// expect[path] is set, the next GET of path must start at that offset or later.
+// blobServer serves /blob/E slowly with ranges and ETags, and checks resumption: no GET
+// of path may ask again for bytes in durable[path], what a killed agent's checkpoint
+// said it had on disk (a ranged download's sidecar, version 2, counts durable bytes per
+// block; a single stream's, version 1, a prefix).
 type blobServer struct {
 	mu         sync.Mutex
 	content    map[string][]byte
-	expect     map[string]int64
+	durable    map[string][][2]int64 // path → [from, to) byte ranges
+	checked    map[string]bool       // the next GET of path is the first since its checkpoint was read
 	violations []string
 	gets       int
-	resumes    int // GETs checked against a checkpoint left by a kill
+	resumes    int // GETs checked against a checkpoint left by a kill, the first after each
 	sent       int64
 }
+
+var rangeHeader = regexp.MustCompile(`^bytes=(\d+)-(\d*)$`)
 
 func (s *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	body, ok := s.content[r.URL.Path]
 	if ok && r.Method == http.MethodGet {
 		s.gets++
-		start := int64(0)
-		if m := regexp.MustCompile(`^bytes=(\d+)-`).FindStringSubmatch(r.Header.Get("Range")); m != nil {
+		start, end := int64(0), int64(len(body)-1)
+		if m := rangeHeader.FindStringSubmatch(r.Header.Get("Range")); m != nil {
 			start, _ = strconv.ParseInt(m[1], 10, 64)
+			if m[2] != "" {
+				end, _ = strconv.ParseInt(m[2], 10, 64)
+			}
 		}
-		if want, has := s.expect[r.URL.Path]; has {
-			delete(s.expect, r.URL.Path)
-			s.resumes++
-			if start < want {
-				s.violations = append(s.violations, fmt.Sprintf("%s: resumed at %d, but a checkpoint at %d was left", r.URL.Path, start, want))
+		// bytes=0-0 is the single stream's probe for the size and the ETag (grab's HEAD),
+		// not a download.
+		if ranges := s.durable[r.URL.Path]; len(ranges) > 0 && (start != 0 || end != 0) {
+			if s.checked[r.URL.Path] {
+				s.resumes++
+				s.checked[r.URL.Path] = false
+			}
+			again := int64(0)
+			for _, d := range ranges {
+				if start < d[1] && end >= d[0] {
+					again += min(end+1, d[1]) - max(start, d[0])
+				}
+			}
+			if again > 0 {
+				s.violations = append(s.violations, fmt.Sprintf("%s: GET bytes=%d-%d asks again for %d bytes that a checkpoint left by a kill holds",
+					r.URL.Path, start, end, again))
 			}
 		}
 	}
@@ -147,71 +167,22 @@ func quickstartModel(t *testing.T, root, host string) map[string]string {
 	return out
 }
 
-func repoRoot(t *testing.T) string {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
-}
-
-// serverProcs lists this run's qwen servers (testbin.Servers, by PID and environ only):
-// those whose HOME lies under dir (their default HOME is <state dir>/home).
-func serverProcs(dir string) map[int]string {
-	found := testbin.Servers(dir)
-	maps.DeleteFunc(found, func(_ int, marker string) bool {
-		return !strings.HasPrefix(marker, "AGENT_SERVER=server.qwen#")
-	})
-	return found
-}
-
-// isZombie reports a process that has exited but was not reaped yet (its parent, a
-// killed agent, is gone; init reaps it soon).
-func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
-}
-
 func TestChaos(t *testing.T) {
-	if testing.Short() {
-		t.Skip("chaos: not in -short")
-	}
-	kills, seed := chaosParams(t)
-	t.Logf("chaos: seed %d (CHAOS_SEED=%d replays it), %d kills", seed, seed, kills)
-	rng := rand.New(rand.NewSource(seed))
-	step := "setup"
-	fail := func(format string, args ...any) {
-		t.Helper()
-		t.Fatalf("chaos seed %d, step %s: %s\nreplay: CHAOS_SEED=%d CHAOS_KILLS=%d go test ./test/chaos -run TestChaos -v",
-			seed, step, fmt.Sprintf(format, args...), seed, kills)
-	}
-
+	t.Parallel()
+	c := newChaos(t, "chaos", "CHAOS_KILLS", 50)
+	t.Logf("chaos: seed %d (CHAOS_SEED=%d replays it), %d kills", c.seed, c.seed, c.kills)
 	root := repoRoot(t)
-	work := t.TempDir()
-	testbin.NoLeaks(t, work)
-	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
+	fakeBin := testbin.FakeSGLang(t)
 
 	// The plan: the quickstart as it is, plus the chaos download.
-	planDir := filepath.Join(work, "plan")
-	must(t, os.MkdirAll(planDir, 0o755))
-	for _, f := range [][2]string{
-		{filepath.Join(root, "examples/quickstart/quickstart.hcl"), "quickstart.hcl"},
-		{"testdata/download.hcl", "download.hcl"},
-	} {
-		b, err := os.ReadFile(f[0])
-		must(t, err)
-		must(t, os.WriteFile(filepath.Join(planDir, f[1]), b, 0o644))
-	}
-	host := filepath.Join(work, "host") // var.root: unique to this run
-	state := filepath.Join(work, "state")
-	must(t, os.MkdirAll(host, 0o755))
+	c.copyPlan(map[string]string{
+		filepath.Join(root, "examples/quickstart/quickstart.hcl"): "quickstart.hcl",
+		"testdata/download.hcl":                                   "download.hcl",
+	})
+	host, state := c.host, c.state // var.root: unique to this run
 	port := testbin.FreePort(t)
 
-	srv := &blobServer{content: map[string][]byte{}, expect: map[string]int64{}}
+	srv := &blobServer{content: map[string][]byte{}, durable: map[string][][2]int64{}, checked: map[string]bool{}}
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
 	model := testbin.QuickstartModel(t) // the quickstart's model directory
@@ -223,106 +194,28 @@ func TestChaos(t *testing.T) {
 		srv.mu.Unlock()
 		blobs[sum(b)] = e
 	}
-
-	// Every process this run's agent started as the server, seen by the sampler; cleanup
-	// kills what is left of them (their process groups: the agent starts each with setsid).
-	var (
-		seenMu   sync.Mutex
-		seen     = map[int]string{}
-		maxAlive int
-		twoAlive string
-	)
-	sample := func() {
-		procs := serverProcs(work)
-		seenMu.Lock()
-		defer seenMu.Unlock()
-		live := 0
-		for pid, m := range procs {
-			seen[pid] = m
-			if !isZombie(pid) {
-				live++
-			}
-		}
-		if live > maxAlive {
-			maxAlive = live
-			if live > 1 {
-				twoAlive = fmt.Sprint(procs)
-			}
-		}
-	}
-	stopSampler := make(chan struct{})
-	samplerDone := make(chan struct{})
-	go func() {
-		defer close(samplerDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopSampler:
-				return
-			case <-tick.C:
-				sample()
-			}
-		}
-	}()
-	var running *exec.Cmd
-	t.Cleanup(func() {
-		if running != nil && running.Process != nil {
-			running.Process.Signal(syscall.SIGKILL)
-			running.Wait()
-		}
-		select {
-		case <-stopSampler:
-		default:
-			close(stopSampler)
-		}
-		<-samplerDone
-		sample()
-		seenMu.Lock()
-		defer seenMu.Unlock()
-		for pid := range seen {
-			if m, ok := serverProcs(work)[pid]; ok && m == seen[pid] {
-				syscall.Kill(-pid, syscall.SIGKILL) // its group (setsid: pgid = pid)
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
+	// Every process this run's agent starts as the server is sampled; cleanup kills what
+	// is left of them (their process groups: the agent starts each with setsid).
+	c.watchServers()
 
 	epoch := 0
 	setEpoch(epoch)
 	args := func(cmd string, extra ...string) []string {
 		mem := []string{"0.85", "0.8"}[epoch%2]
-		a := []string{cmd, planDir, "--state-dir", state, "--log-level", "info",
+		a := []string{cmd, c.planDir, "--state-dir", state, "--log-level", "info",
 			"-var", "root=" + host, "-var", "fake_sglang=" + fakeBin, "-var", "port=" + strconv.Itoa(port),
 			"-var", "mem_fraction=" + mem, "-var", "model_url=" + model.URL,
 			"-var", "blob_url=" + hs.URL + "/blob/" + strconv.Itoa(epoch),
 			"-var", "blob_sha256=" + sum(blob(epoch)), "-var", "blob_size=" + strconv.Itoa(blobSize)}
 		return append(a, extra...)
 	}
-	env := append(os.Environ(), "HOME="+host)
-	var transcript bytes.Buffer // every agent's output, for the launch accounting
-	start := func(cmdName string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
-		var out bytes.Buffer
-		cmd := exec.Command(agentBin, args(cmdName, extra...)...)
-		cmd.Env = env
-		cmd.Stdout, cmd.Stderr = &out, &out
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			fail("start agent: %v", err)
-		}
-		running = cmd
-		return cmd, &out
-	}
-	// wait reaps cmd, killing it (by PID, the agent alone) after limit; it returns the
-	// exit code and whether the kill came first.
-	wait := func(cmd *exec.Cmd, out *bytes.Buffer, limit time.Duration) (rc int, killed bool) {
-		rc, killed, err := reap(cmd, limit)
-		running = nil
-		transcript.Write(out.Bytes())
-		if err != nil {
-			fail("agent: %v", err)
-		}
-		return rc, killed
+	c.env = append(os.Environ(), "HOME="+host)
+	// run starts the agent and reaps it, killing it (by PID, the agent alone) after
+	// limit; it returns the exit code and whether the kill came first.
+	run := func(limit time.Duration, cmd string, extra ...string) (int, bool, *bytes.Buffer) {
+		p, out := c.start(args(cmd, extra...)...)
+		rc, killed := c.reap(p, out, limit)
+		return rc, killed, out
 	}
 
 	logDir := filepath.Join(host, "logs")
@@ -332,48 +225,68 @@ func TestChaos(t *testing.T) {
 	checkHost := func() {
 		t.Helper()
 		if err := stateWhole(state); err != nil {
-			fail("%v", err)
+			c.fail("%v", err)
 		}
 		for p, want := range declared {
 			if b, err := os.ReadFile(p); err == nil && string(b) != want {
-				fail("%s is in place with %d bytes that differ from the only content the plan declared", p, len(b))
+				c.fail("%s is in place with %d bytes that differ from the only content the plan declared", p, len(b))
 			}
 		}
 		if b, err := os.ReadFile(blobPath); err == nil {
 			if _, ok := blobs[sum(b)]; !ok {
-				fail("%s is in place unverified: %d bytes matching no blob served", blobPath, len(b))
+				c.fail("%s is in place unverified: %d bytes matching no blob served", blobPath, len(b))
 			}
 		}
 		// A checkpoint left behind must be resumed from, not thrown away.
 		side := filepath.Join(host, "blobs", ".blob.bin.partial.json")
 		if b, err := os.ReadFile(side); err == nil {
 			var sc struct {
-				URL    string `json:"url"`
-				Offset int64  `json:"offset"`
+				Version int     `json:"version"`
+				URL     string  `json:"url"`
+				Offset  int64   `json:"offset"` // version 1: the durable prefix
+				Piece   int64   `json:"piece"`  // version 2: the block Done counts
+				Done    []int64 `json:"done"`   // durable bytes of each block, from its start
 			}
-			if json.Unmarshal(b, &sc) == nil && sc.Offset > 0 && strings.HasPrefix(sc.URL, hs.URL) {
-				srv.mu.Lock()
-				srv.expect[strings.TrimPrefix(sc.URL, hs.URL)] = sc.Offset
-				srv.mu.Unlock()
+			if json.Unmarshal(b, &sc) == nil && strings.HasPrefix(sc.URL, hs.URL) {
+				var ranges [][2]int64
+				if sc.Offset > 0 {
+					ranges = append(ranges, [2]int64{0, sc.Offset})
+				}
+				for i, n := range sc.Done {
+					if n > 0 {
+						ranges = append(ranges, [2]int64{int64(i) * sc.Piece, int64(i)*sc.Piece + n})
+					}
+				}
+				if len(ranges) > 0 {
+					path := strings.TrimPrefix(sc.URL, hs.URL)
+					srv.mu.Lock()
+					srv.durable[path], srv.checked[path] = ranges, true
+					srv.mu.Unlock()
+				}
 			}
 		}
 	}
 
 	began := time.Now()
-	killed, converged, runs := 0, 0, 0
-	for killed < kills {
+	killed, converged, runs, streak := 0, 0, 0, 0
+	for killed < c.kills {
 		runs++
-		delay := time.Duration(rng.Int63n(int64(maxDelay)))
-		step = fmt.Sprintf("run %d (kill %d/%d, epoch %d, kill after %v)", runs, killed+1, kills, epoch, delay)
-		cmd, out := start("apply")
-		rc, wasKilled := wait(cmd, out, delay)
+		delay := time.Duration(c.rng.Int63n(int64(maxDelay)))
+		c.step = fmt.Sprintf("run %d (kill %d/%d, epoch %d, kill after %v)", runs, killed+1, c.kills, epoch, delay)
+		if streak == killStreak {
+			delay = applyLimit
+			c.step = fmt.Sprintf("run %d (epoch %d, not killed after %d kills in a row)", runs, epoch, streak)
+		}
+		rc, wasKilled, out := run(delay, "apply")
 		if wasKilled {
 			killed++
+			streak++
 			checkHost()
 			continue
 		}
+		streak = 0
 		if rc != 0 {
-			fail("apply exited %d without being killed:\n%s", rc, out)
+			c.fail("apply exited %d without being killed:\n%s", rc, out)
 		}
 		converged++
 		checkHost()
@@ -381,77 +294,38 @@ func TestChaos(t *testing.T) {
 		setEpoch(epoch)
 	}
 
-	step = "final apply"
-	cmd, out := start("apply")
-	if rc, _ := wait(cmd, out, applyLimit); rc != 0 {
-		fail("the apply after %d kills exited %d:\n%s", killed, rc, out)
+	c.step = "final apply"
+	if rc, _, out := run(applyLimit, "apply"); rc != 0 {
+		c.fail("the apply after %d kills exited %d:\n%s", killed, rc, out)
 	}
 	checkHost()
-	step = "final plan"
-	cmd, out = start("plan", "--lock-timeout", "0")
-	if rc, _ := wait(cmd, out, applyLimit); rc != 0 || !strings.Contains(out.String(), "No changes.") {
-		fail("plan after the converging apply exited %d (want 0, no changes; the lock must be free):\n%s", rc, out)
+	c.step = "final plan"
+	if rc, _, out := run(applyLimit, "plan", "--lock-timeout", "0"); rc != 0 || !strings.Contains(out.String(), "No changes.") {
+		c.fail("plan after the converging apply exited %d (want 0, no changes; the lock must be free):\n%s", rc, out)
 	}
 
-	step = "final checks"
+	c.step = "final checks"
 	// Files: all in place, verified.
 	for p, want := range declared {
 		if b, err := os.ReadFile(p); err != nil || string(b) != want {
-			fail("%s: %d bytes, %v; want the declared content (%d bytes)", p, len(b), err, len(want))
+			c.fail("%s: %d bytes, %v; want the declared content (%d bytes)", p, len(b), err, len(want))
 		}
 	}
 	if b, err := os.ReadFile(blobPath); err != nil || sum(b) != sum(blob(epoch)) {
-		fail("%s is not epoch %d's blob (%v)", blobPath, epoch, err)
+		c.fail("%s is not epoch %d's blob (%v)", blobPath, epoch, err)
 	}
 	srv.mu.Lock()
 	violations, gets, sent, resumes := srv.violations, srv.gets, srv.sent, srv.resumes
 	srv.mu.Unlock()
 	if len(violations) > 0 {
-		fail("partial downloads lost:\n%s", strings.Join(violations, "\n"))
+		c.fail("partial downloads lost:\n%s", strings.Join(violations, "\n"))
 	}
 	// Servers: exactly one alive, the recorded one; never two at once.
-	var rec struct {
-		PID        int    `json:"pid"`
-		Generation int    `json:"generation"`
-		Marker     string `json:"marker"`
-	}
-	b, err := os.ReadFile(filepath.Join(state, "resources", "server.qwen.json"))
-	if err != nil || json.Unmarshal(b, &rec) != nil {
-		fail("server state: %v %q", err, b)
-	}
-	var alive map[int]string
-	deadline := time.Now().Add(5 * time.Second) // zombies of killed agents are reaped by init
-	for {
-		alive = map[int]string{}
-		for pid, m := range serverProcs(work) {
-			if !isZombie(pid) {
-				alive[pid] = m
-			}
-		}
-		if len(alive) <= 1 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	// The recorded marker is the live one's; an adopted process (a launch whose record a
-	// kill prevented, found again by its exact argv) has none recorded.
-	if len(alive) != 1 || alive[rec.PID] == "" || rec.Marker != "" && alive[rec.PID] != rec.Marker {
-		fail("want exactly one server process, pid %d (%s); alive: %v", rec.PID, rec.Marker, alive)
-	}
-	seenMu.Lock()
-	ma, two := maxAlive, twoAlive
-	seenMu.Unlock()
-	if ma > 1 {
-		fail("two server processes alive at once: %s", two)
-	}
+	rec, _ := c.checkOneServer(5 * time.Second)
 	// Logs: one generation per launch.
-	launched := map[int]int{} // generation → launches logged by the agents
-	for _, m := range regexp.MustCompile(`msg=launched resource=server.qwen generation=(\d+)`).FindAllStringSubmatch(transcript.String(), -1) {
-		g, _ := strconv.Atoi(m[1])
-		launched[g]++
-	}
+	launched := c.launches() // generation → launches logged by the agents
 	if len(launched) == 0 {
-		fail("no launch logged (is --log-level info still logging msg=launched?)")
+		c.fail("no launch logged (is --log-level info still logging msg=launched?)")
 	}
 	logs, _ := filepath.Glob(filepath.Join(logDir, "qwen.*.log"))
 	for _, p := range logs {
@@ -459,120 +333,17 @@ func TestChaos(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		n := countStarts(p)
-		if n > 1 {
-			fail("%s holds %d server starts: a log generation was reused", p, n)
-		}
-		if n == 1 && launched[g] == 0 {
+		if countStarts(p) == 1 && launched[g] == 0 {
 			// Killed between the process start and the agent's log line: the launch
 			// is real (its record came from OnStarted or adoption), only unlogged.
 			t.Logf("%s: a server start the agents did not log (killed right after the launch)", p)
 		}
 	}
-	for g, n := range launched {
-		if n > 1 {
-			fail("generation %d launched %d times", g, n)
-		}
-	}
+	c.checkOneLaunchEach(launched)
 	if rec.Generation < len(launched) {
-		fail("state records generation %d after %d launches", rec.Generation, len(launched))
+		c.fail("state records generation %d after %d launches", rec.Generation, len(launched))
 	}
 	t.Logf("chaos: seed %d: %d kills survived, %d applies converged, %d launches (generations 1..%d), %d blob epochs, %d GETs (%d resumed from a checkpoint), %d bytes served (%.1f× the blobs), %v",
-		seed, killed, converged, len(launched), rec.Generation, epoch+1, gets, resumes, sent, float64(sent)/float64((epoch+1)*blobSize), time.Since(began).Round(time.Second))
-	fmt.Printf("CHAOS kills=%d converged=%d launches=%d resumes=%d seed=%d\n", killed, converged, len(launched), resumes, seed)
-}
-
-// countStarts is how many server starts one log file holds (the fake, like SGLang, prints
-// its server_args once per process).
-func countStarts(p string) int {
-	f, err := os.Open(p)
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	n := 0
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "server_args=") {
-			n++
-		}
-	}
-	return n
-}
-
-// chaosParams reads CHAOS_KILLS (default 50) and CHAOS_SEED (default: the clock).
-func chaosParams(t *testing.T) (kills int, seed int64) {
-	t.Helper()
-	kills = 50
-	if v := os.Getenv("CHAOS_KILLS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("CHAOS_KILLS=%q: want a positive number", v)
-		}
-		kills = n
-	}
-	seed = time.Now().UnixNano()
-	if v := os.Getenv("CHAOS_SEED"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED=%q: %v", v, err)
-		}
-		seed = n
-	}
-	return kills, seed
-}
-
-// reap waits for cmd, SIGKILLing it (by PID, the agent alone) after limit. It returns
-// the exit code (-1 when a SIGKILL ended it) and whether the kill came first; err is a
-// failure to wait, not an exit status.
-func reap(cmd *exec.Cmd, limit time.Duration) (rc int, killed bool, err error) {
-	res := make(chan error, 1)
-	go func() { res <- cmd.Wait() }()
-	select {
-	case err = <-res:
-	case <-time.After(limit):
-		cmd.Process.Signal(syscall.SIGKILL) // a no-op once Wait has reaped it
-		err, killed = <-res, true
-	}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		if st, ok := ee.Sys().(syscall.WaitStatus); ok && st.Signaled() && st.Signal() == syscall.SIGKILL {
-			return -1, killed, nil
-		}
-		return ee.ExitCode(), false, nil
-	case err != nil:
-		return 0, false, err
-	}
-	return 0, false, nil
-}
-
-// stateWhole returns an error naming the first state file (*.json under dir) that does
-// not parse: state is never half-written. A missing dir is fine (killed before it was
-// made).
-func stateWhole(dir string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if errors.Is(err, fs.ErrNotExist) && p == dir {
-			return nil
-		}
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".json") || strings.HasPrefix(d.Name(), ".") {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		if !json.Valid(b) {
-			return fmt.Errorf("state file %s is half-written: %q", p, b)
-		}
-		return nil
-	})
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
+		c.seed, killed, converged, len(launched), rec.Generation, epoch+1, gets, resumes, sent, float64(sent)/float64((epoch+1)*blobSize), time.Since(began).Round(time.Second))
+	fmt.Printf("CHAOS kills=%d converged=%d launches=%d resumes=%d seed=%d\n", killed, converged, len(launched), resumes, c.seed)
 }

@@ -32,21 +32,17 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"maps"
-	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
-	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // incusd is the private Incus daemon of this test binary (only TestChaosContainer uses it).
@@ -59,34 +55,24 @@ func TestMain(m *testing.M) { os.Exit(incusd.Run(m)) }
 const ctrMaxDelay = 1000 * time.Millisecond
 
 func TestChaosContainer(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("chaos: not in -short")
 	}
-	d := incusd.Start(t)
+	d := incusd.Start(t) // before newChaos: NoLeaks then judges after the instance's cleanup
 	name := d.InstanceName(t)
-	kills, seed := chaosParams(t)
-	t.Logf("chaos container: seed %d (CHAOS_SEED=%d replays it), %d kills, instance %s", seed, seed, kills, name)
+	c := newChaos(t, "chaos container", "CHAOS_KILLS", 50)
+	c.more = func() string { return d.LogTail(15) }
+	t.Logf("chaos container: seed %d (CHAOS_SEED=%d replays it), %d kills, instance %s", c.seed, c.seed, c.kills, name)
 	if os.Getenv("CHAOS_CONTAINER_RESTARTS") == "0" {
 		t.Log("chaos container: restarts off (CHAOS_CONTAINER_RESTARTS=0)")
 	}
-	rng := rand.New(rand.NewSource(seed))
-	step := "setup"
-	fail := func(format string, args ...any) {
-		t.Helper()
-		t.Fatalf("chaos container seed %d, step %s: %s\n%s\nreplay: CHAOS_SEED=%d CHAOS_KILLS=%d go test ./test/chaos -run TestChaosContainer -v",
-			seed, step, fmt.Sprintf(format, args...), d.LogTail(15), seed, kills)
-	}
-
-	work := t.TempDir()
-	testbin.NoLeaks(t, work)
-	agentBin := testbin.Agent(t)
+	fail := c.fail
 
 	planSrc, err := os.ReadFile("testdata/container.hcl")
 	must(t, err)
-	planDir := filepath.Join(work, "plan")
-	must(t, os.MkdirAll(planDir, 0o755))
-	state := filepath.Join(work, "state")
-	host := filepath.Join(work, "host") // var.root: the disks' sources
+	planDir, state := c.planDir, c.state
+	host := c.host // var.root: the disks' sources
 	// The disks' host data: it must survive every kill untouched.
 	hostData := map[string][32]byte{}
 	for _, f := range []string{"weights/config.json", "weights/model-00001-of-00001.safetensors", "cache/kv/blocks.bin"} {
@@ -123,29 +109,11 @@ func TestChaosContainer(t *testing.T) {
 			"-var", "incus_socket=" + d.Socket, "-var", "container_name=" + name, "-var", "root=" + host,
 			"-var", "epoch=" + strconv.Itoa(epoch), "-var", "nofile=" + strconv.Itoa(nofile(epoch))}
 	}
-	var running *exec.Cmd
-	t.Cleanup(func() {
-		if running != nil && running.Process != nil {
-			running.Process.Signal(syscall.SIGKILL) // by PID: the agent this test started
-			running.Wait()
-		}
-	})
 	// run starts the agent and reaps it, killing it after limit.
 	run := func(cmdName string, limit time.Duration) (rc int, killed bool, out string) {
 		t.Helper()
-		var buf bytes.Buffer
-		cmd := exec.Command(agentBin, args(cmdName)...)
-		cmd.Stdout, cmd.Stderr = &buf, &buf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			fail("start agent: %v", err)
-		}
-		running = cmd
-		rc, killed, err := reap(cmd, limit)
-		running = nil
-		if err != nil {
-			fail("agent: %v", err)
-		}
+		cmd, buf := c.start(args(cmdName)...)
+		rc, killed = c.reap(cmd, buf, limit)
 		return rc, killed, buf.String()
 	}
 
@@ -243,10 +211,10 @@ func TestChaosContainer(t *testing.T) {
 	killsIn := map[string]int{}
 	killed, converged, runs := 0, 0, 0
 	writePlan()
-	for killed < kills {
+	for killed < c.kills {
 		runs++
-		delay := time.Duration(rng.Int63n(int64(ctrMaxDelay)))
-		step = fmt.Sprintf("run %d (kill %d/%d, epoch %d, %s, kill after %v)", runs, killed+1, kills, epoch, phase(), delay)
+		delay := time.Duration(c.rng.Int63n(int64(ctrMaxDelay)))
+		c.step = fmt.Sprintf("run %d (kill %d/%d, epoch %d, %s, kill after %v)", runs, killed+1, c.kills, epoch, phase(), delay)
 		rc, wasKilled, out := run("apply", delay)
 		if wasKilled {
 			killed++
@@ -273,19 +241,19 @@ func TestChaosContainer(t *testing.T) {
 		}
 	}
 
-	step = "final apply"
+	c.step = "final apply"
 	if rc, _, out := run("apply", applyLimit); rc != 0 {
 		fail("the apply after %d kills exited %d:\n%s", killed, rc, out)
 	}
 	checkConverged()
-	step = "final checks"
+	c.step = "final checks"
 	// The disk is really mounted, with the host's data: the file is seen inside.
 	res, err := d.Client.Exec(ctx, name, incus.ExecRequest{Command: []string{"cat", "/models/epoch.txt"}})
 	if err != nil || res.ExitCode != 0 || string(res.Stdout) != fmt.Sprintf("epoch %d\n", epoch) {
 		fail("cat /models/epoch.txt inside: %v %+v", err, res)
 	}
 	t.Logf("chaos container: seed %d: %d kills survived (%d in creations, %d in updates, %d in restarts), %d applies converged, %d epochs, %v",
-		seed, killed, killsIn["create"], killsIn["update"], killsIn["restart"], converged, epoch+1, time.Since(began).Round(time.Second))
+		c.seed, killed, killsIn["create"], killsIn["update"], killsIn["restart"], converged, epoch+1, time.Since(began).Round(time.Second))
 	fmt.Printf("CHAOS_CONTAINER kills=%d creates=%d updates=%d restarts=%d converged=%d seed=%d\n",
-		killed, killsIn["create"], killsIn["update"], killsIn["restart"], converged, seed)
+		killed, killsIn["create"], killsIn["update"], killsIn["restart"], converged, c.seed)
 }

@@ -2,7 +2,8 @@
 // etcd-server 3.4, started on loopback by internal/coord/etcdtest): three `agent run`s,
 // each with its own state directory, fake SGLang server and var file, share one plan
 // whose server is in rollout group "qwen" with max_unavailable = 1. A sampler asks every
-// server's /health every 100 ms and keeps the most that were down at once.
+// server's /health every 20 ms and keeps the most that were down at once. The tests run
+// in parallel: each has its own etcd, working directory, ports and etcd proxies.
 package fleet_test
 
 import (
@@ -20,8 +21,10 @@ import (
 // with three; `agent status --fleet` lists every host and, once one dies, shows it
 // unreachable.
 func TestFleetRollout(t *testing.T) {
+	t.Parallel()
 	for _, members := range []int{1, 3} {
 		t.Run(fmt.Sprintf("etcd_members=%d", members), func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t, members, 3, 3*time.Second, "1s")
 			h.deploy("0.80")
 			s := startSampler(h.hosts)
@@ -77,6 +80,7 @@ func TestFleetRollout(t *testing.T) {
 // expires with its lease and the other hosts go on; the killed host's server keeps
 // serving.
 func TestFleetKilledPermitHolder(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 3, 3*time.Second, "5s")
 	h.deploy("0.80")
 	s := startSampler(h.hosts)
@@ -108,6 +112,7 @@ func TestFleetKilledPermitHolder(t *testing.T) {
 // etcd down mid-rollout: the member in flight finishes, nothing new is disrupted while
 // etcd is gone, everything keeps serving, and the rollout resumes when etcd returns.
 func TestFleetEtcdDown(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, 3, 3*time.Second, "2s")
 	h.deploy("0.80")
 	s := startSampler(h.hosts)
@@ -150,6 +155,7 @@ func TestFleetEtcdDown(t *testing.T) {
 // others roll without it, also when it was cut off holding the permit, and it rolls
 // when it is back.
 func TestFleetPartition(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 3, 3*time.Second, "1s")
 	h.deploy("0.80")
 	s := startSampler(h.hosts)
@@ -191,6 +197,7 @@ func TestFleetPartition(t *testing.T) {
 // random agent at random moments and starts it again (as systemd's Restart= does); the
 // sampler records the most servers down at once. bench/fleet.sh runs 50.
 func TestFleetRandomKills(t *testing.T) {
+	t.Parallel()
 	runs := 2
 	if v, err := strconv.Atoi(os.Getenv("FLEET_RUNS")); err == nil && v > 0 {
 		runs = v
@@ -249,6 +256,7 @@ func (x *host) runsFunc(mem string) func() bool { return func() bool { return x.
 // `agent apply` takes the same permits as `agent run`: one host applies by hand while
 // another host's loop holds the permit; the apply waits for it (naming it), then goes.
 func TestFleetApplySharesPermits(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 1, 3, 3*time.Second, "3s")
 	h.deploy("0.80")
 	manual := h.hosts[0]

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -137,34 +135,8 @@ agent {
   }
 }
 
-server "qwen" {
-  command = [var.fake]
-  flags = {
-    "model-path"          = "Qwen/Qwen3-8B"
-    "port"                = var.port
-    "mem-fraction-static" = %q
-  }
-  port = var.port
-  ready {
-    http    = "/health"
-    timeout = "60s"
-    settle  = %q
-  }
-  stop {
-    timeout = "2s"
-  }
-  smoke_test {
-    prompt     = "What is 2+2? Answer with one number."
-    max_tokens = 64
-    expect     = "4"
-  }
-  log_dir = var.logs
-  rollout {
-    group           = "qwen"
-    max_unavailable = 1
-  }
-}
-`, prefix, int(h.lease/time.Second), mem, h.settle)
+`, prefix, int(h.lease/time.Second)) + testbin.GroupServer{Name: "qwen", Command: "var.fake", Port: "var.port",
+		Mem: strconv.Quote(mem), Settle: h.settle, LogDir: "var.logs", Group: "qwen"}.HCL()
 	tmp := filepath.Join(h.work, "plan.hcl.tmp")
 	if err := os.WriteFile(tmp, []byte(src), 0o644); err != nil {
 		h.t.Fatal(err)
@@ -362,87 +334,50 @@ func tail(s string, n int) string {
 	return s
 }
 
-// sampler asks every server's /health every 100 ms and keeps the most down at once. A
-// probe that times out (a loaded machine) says nothing either way.
+// sampler asks every server's /health every 20 ms and keeps the most down at once
+// (testbin.WatchHealth, by host name here).
 type sampler struct {
-	hosts  []*host
-	mu     sync.Mutex
-	peak   int
-	peakAt string
-	// peakTime is when the peak was seen: the agents' logs around it explain it.
-	peakTime time.Time
-	downs    map[string]int
-	n        int
-	stop     chan struct{}
-	done     chan struct{}
+	hosts []*host
+	w     *testbin.HealthWatch
 }
 
 func startSampler(hosts []*host) *sampler {
-	s := &sampler{hosts: hosts, downs: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{})}
-	client := &http.Client{Timeout: 2 * time.Second}
-	go func() {
-		defer close(s.done)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			var down []string
-			known := true
-			for _, x := range s.hosts {
-				resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(x.port) + "/health")
-				if err != nil {
-					var ne net.Error
-					if errors.As(err, &ne) && ne.Timeout() {
-						known = false
-						continue
-					}
-					down = append(down, x.name)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					down = append(down, x.name)
-				}
-			}
-			s.mu.Lock()
-			s.n++
-			for _, d := range down {
-				s.downs[d]++
-			}
-			if known && len(down) > s.peak {
-				s.peak, s.peakAt, s.peakTime = len(down), fmt.Sprintf("%v at %s", down, time.Now().Format(time.StampMilli)), time.Now()
-			}
-			s.mu.Unlock()
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return s
+	var ports []int
+	for _, x := range hosts {
+		ports = append(ports, x.port)
+	}
+	return &sampler{hosts: hosts, w: testbin.WatchHealth(ports, 20*time.Millisecond)}
 }
 
-// result stops the sampler: the most servers down at once, when, and the samples.
-func (s *sampler) result() (peak int, at string, downs map[string]int, samples int) {
-	close(s.stop)
-	<-s.done
-	return s.peak, s.peakAt, s.downs, s.n
-}
-
-// check stops the sampler and fails the test if more than limit were down at once, or if
-// it never saw a server down (it did not watch the restarts).
+// check stops the sampler and fails the test if more than limit were down at once; it
+// returns the most down at once.
 func (s *sampler) check(t *testing.T, limit int) int {
 	t.Helper()
-	peak, at, downs, n := s.result()
-	t.Logf("sampler: %d samples every 100 ms, down samples per host %v, most down at once %d (%s)", n, downs, peak, at)
-	if peak > limit {
-		t.Errorf("%d servers of the group were down at once (%s); max_unavailable is %d", peak, at, limit)
+	r := s.w.Stop()
+	names := map[int]string{}
+	for _, x := range s.hosts {
+		names[x.port] = x.name
+	}
+	downs := map[string]int{}
+	for port, n := range r.Downs {
+		downs[names[port]] = n
+	}
+	var at []string
+	for _, port := range r.PeakDown {
+		at = append(at, names[port])
+	}
+	peakAt := "none down"
+	if r.Peak > 0 {
+		peakAt = fmt.Sprintf("%v at %s", at, r.PeakTime.Format(time.StampMilli))
+	}
+	t.Logf("sampler: %d samples every 20 ms, down samples per host %v, most down at once %d (%s)", r.Samples, downs, r.Peak, peakAt)
+	if r.Peak > limit {
+		t.Errorf("%d servers of the group were down at once (%s); max_unavailable is %d", r.Peak, peakAt, limit)
 		for _, x := range s.hosts {
-			t.Logf("--- %s's agent log from 6 s before to 2 s after:\n%s", x.name, around(x.log(), s.peakTime))
+			t.Logf("--- %s's agent log from 6 s before to 2 s after:\n%s", x.name, around(x.log(), r.PeakTime))
 		}
 	}
-	return peak
+	return r.Peak
 }
 
 // proxy forwards TCP to target; paused, it forwards nothing (new connections wait,

@@ -21,16 +21,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,102 +49,10 @@ variable "faults_b" { default = "" }
 		if m == "b" {
 			faults = "var.faults_b"
 		}
-		fmt.Fprintf(&b, `
-server "qwen_%[1]s" {
-  command = [var.fake]
-  flags = {
-    "model-path"          = "Qwen/Qwen3-8B"
-    "port"                = %[2]d
-    "mem-fraction-static" = var.mem
-  }
-  env  = { FAKE_SGLANG = %[3]s }
-  port = %[2]d
-  ready {
-    http    = "/health"
-    timeout = "60s"
-    settle  = "1s"
-  }
-  stop {
-    timeout = "2s"
-  }
-  smoke_test {
-    prompt     = "What is 2+2? Answer with one number."
-    max_tokens = 64
-    expect     = "4"
-  }
-  log_dir = var.logs
-  rollout {
-    group           = "qwen"
-    max_unavailable = 1
-  }
-}
-`, m, ports[i], faults)
+		b.WriteString(testbin.GroupServer{Name: "qwen_" + m, Command: "var.fake", Port: strconv.Itoa(ports[i]),
+			Mem: "var.mem", Env: faults, Settle: "1s", LogDir: "var.logs", Group: "qwen"}.HCL())
 	}
 	return b.String()
-}
-
-// poller asks every server's /health in a loop and keeps how many were down at once. A
-// server is down when its port refuses or /health is not 200; a probe that times out
-// (a loaded machine) says nothing either way.
-type poller struct {
-	ports  []int
-	mu     sync.Mutex
-	peak   int
-	peakAt string
-	downs  map[int]int // samples each port was seen down in
-	n      int
-	stop   chan struct{}
-	done   chan struct{}
-}
-
-func startPoller(ports []int) *poller {
-	p := &poller{ports: ports, downs: map[int]int{}, stop: make(chan struct{}), done: make(chan struct{})}
-	client := &http.Client{Timeout: 2 * time.Second}
-	go func() {
-		defer close(p.done)
-		for {
-			select {
-			case <-p.stop:
-				return
-			default:
-			}
-			var down []int
-			known := true
-			for _, port := range p.ports {
-				resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-				if err != nil {
-					var ne net.Error
-					if errors.As(err, &ne) && ne.Timeout() {
-						known = false
-						continue
-					}
-					down = append(down, port)
-					continue
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					down = append(down, port)
-				}
-			}
-			p.mu.Lock()
-			p.n++
-			for _, port := range down {
-				p.downs[port]++
-			}
-			if known && len(down) > p.peak {
-				p.peak, p.peakAt = len(down), fmt.Sprintf("ports %v at %s", down, time.Now().Format(time.StampMilli))
-			}
-			p.mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	return p
-}
-
-func (p *poller) result() (peak int, at string, downs map[int]int, samples int) {
-	close(p.stop)
-	<-p.done
-	return p.peak, p.peakAt, p.downs, p.n
 }
 
 // serverPID is the PID the state record of server.qwen_<m> names.
@@ -217,15 +121,16 @@ func TestRolloutEndToEnd(t *testing.T) {
 	}
 
 	run(0, "apply", planFile) // the first deployment: nothing served yet, all at once
-	p := startPoller(ports)
+	// The poller: every server's /health every 5 ms.
+	p := testbin.WatchHealth(ports, 5*time.Millisecond)
 	defer func() {
-		peak, at, downs, samples := p.result()
-		t.Logf("poller: %d samples, down samples per port %v, peak %d (%s)", samples, downs, peak, at)
-		if peak > 1 {
-			t.Errorf("%d servers of the group were down at once (%s); max_unavailable is 1", peak, at)
+		r := p.Stop()
+		t.Logf("poller: %d samples, down samples per port %v, peak %d (%s)", r.Samples, r.Downs, r.Peak, r.PeakAt())
+		if r.Peak > 1 {
+			t.Errorf("%d servers of the group were down at once (%s); max_unavailable is 1", r.Peak, r.PeakAt())
 		}
-		if len(downs) < len(ports) {
-			t.Errorf("the poller saw only ports %v down: it did not watch the restarts", downs)
+		if len(r.Downs) < len(ports) {
+			t.Errorf("the poller saw only ports %v down: it did not watch the restarts", r.Downs)
 		}
 	}()
 
