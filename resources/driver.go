@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -414,8 +415,10 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	}
 	st := &agent.Status{Metrics: map[string]float64{"gpus": float64(len(o.Info.GPUs))}}
 	add := func(f agent.Field) { st.Fields = append(st.Fields, f) }
+	st.Series = gpuSeries(o.Info)
 	for _, g := range o.Info.GPUs {
-		// One series per GPU and quantity: agent_nvidia_driver_gpu0_memory_used_bytes{resource, kind}.
+		// Deprecated, kept for one release (docs/service.md): the index in the name,
+		// agent_nvidia_driver_gpu0_memory_used_bytes, which no query can aggregate.
 		st.Metrics[fmt.Sprintf("gpu%d_memory_used_bytes", g.Index)] = float64(g.MemoryUsed)
 		st.Metrics[fmt.Sprintf("gpu%d_memory_total_bytes", g.Index)] = float64(g.MemoryTotal)
 		st.Metrics[fmt.Sprintf("gpu%d_processes", g.Index)] = float64(len(g.Processes))
@@ -522,6 +525,29 @@ func countGPUs(gs []gpu.Device) string {
 }
 
 // describeDevice is one GPU's status line: name, bus id, memory, persistence mode.
+// gpuSeries is each GPU's memory and compute processes as labelled series,
+// agent_nvidia_driver_gpu_memory_used_bytes{resource, kind, gpu="0", uuid="GPU-…"}: one
+// metric name for every GPU, so a query can sum, compare or alert across them, and
+// labels to join on (the index nvidia-smi and CUDA_VISIBLE_DEVICES use, the UUID that
+// DCGM's exporter and NVIDIA's device plugin report). A figure the observation does not
+// know is left out rather than exported as 0: memory without NVML (or on a GPU whose
+// memory NVML does not report), processes without NVML.
+func gpuSeries(info gpu.Info) []agent.Series {
+	var out []agent.Series
+	for _, g := range info.GPUs {
+		labels := func() map[string]string { return map[string]string{"gpu": strconv.Itoa(g.Index), "uuid": g.UUID} }
+		if g.MemoryTotal > 0 {
+			out = append(out,
+				agent.Series{Name: "gpu_memory_used_bytes", Labels: labels(), Value: float64(g.MemoryUsed)},
+				agent.Series{Name: "gpu_memory_total_bytes", Labels: labels(), Value: float64(g.MemoryTotal)})
+		}
+		if info.Source == gpu.SourceNVML {
+			out = append(out, agent.Series{Name: "gpu_processes", Labels: labels(), Value: float64(len(g.Processes))})
+		}
+	}
+	return out
+}
+
 func describeDevice(g gpu.Device) string {
 	parts := []string{g.Name, g.PCIBusID}
 	if g.UUID != "" {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -78,10 +79,58 @@ func TestDriverStatusDGXH200(t *testing.T) {
 	if fieldValue(st, "gpu 2 processes") != "" {
 		t.Errorf("gpu 2 lists processes: %+v", st.Fields)
 	}
-	// The same facts as numbers, for agent run's /metrics.
+	// The same facts as numbers, for agent run's /metrics (gpu1_… deprecated, kept one release).
 	for k, want := range map[string]float64{"gpus": 8, "gpu1_memory_used_bytes": 70 << 30, "gpu1_processes": 1, "gpu2_processes": 0, "reboot_required": 0} {
 		if got, ok := st.Metrics[k]; !ok || got != want {
 			t.Errorf("Metrics[%s] = %v (present %v), want %v", k, got, ok, want)
 		}
+	}
+	// Issue 29's leftover: per GPU, one name with the index and UUID as labels.
+	uuidOf := map[string]string{}
+	got := map[string]float64{}
+	for _, x := range st.Series {
+		if len(x.Labels) != 2 || !strings.HasPrefix(x.Labels["uuid"], "GPU-") || x.Labels["gpu"] == "" {
+			t.Errorf("series %+v: want the labels gpu and uuid", x)
+		}
+		uuidOf[x.Labels["gpu"]] = x.Labels["uuid"]
+		got[x.Name+"{gpu="+x.Labels["gpu"]+"}"] = x.Value
+	}
+	if len(st.Series) != 3*8 {
+		t.Errorf("%d series, want 3 for each of 8 GPUs: %+v", len(st.Series), st.Series)
+	}
+	for i, d := range s.Devices {
+		if u, _ := d.GetUUID(); uuidOf[fmt.Sprint(i)] != u {
+			t.Errorf("GPU %d's series have uuid %q, want %q", i, uuidOf[fmt.Sprint(i)], u)
+		}
+	}
+	total := float64(s.Devices[7].(*server.Device).MemoryInfo.Total)
+	for k, want := range map[string]float64{
+		"gpu_memory_used_bytes{gpu=0}": 70 << 30, "gpu_memory_used_bytes{gpu=7}": 0,
+		"gpu_memory_total_bytes{gpu=7}": total, "gpu_processes{gpu=1}": 1, "gpu_processes{gpu=2}": 0,
+	} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("series %s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+}
+
+// Without NVML (the procfs fallback) memory and processes are not known: the GPUs have
+// no series rather than zeros a dashboard would read as idle.
+func TestDriverStatusSeriesWithoutNVML(t *testing.T) {
+	t.Parallel()
+	info := gpu.Info{State: gpu.StateOK, Source: gpu.SourceProcFS, GPUs: []gpu.Device{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b"}}}
+	if s := gpuSeries(info); len(s) != 0 {
+		t.Errorf("procfs GPUs have series %+v, want none", s)
+	}
+	info.Source = gpu.SourceNVML
+	info.GPUs[1].MemoryTotal, info.GPUs[1].MemoryUsed = 48<<30, 1<<30
+	want := []agent.Series{
+		{Name: "gpu_processes", Labels: map[string]string{"gpu": "0", "uuid": "GPU-a"}},
+		{Name: "gpu_memory_used_bytes", Labels: map[string]string{"gpu": "1", "uuid": "GPU-b"}, Value: 1 << 30},
+		{Name: "gpu_memory_total_bytes", Labels: map[string]string{"gpu": "1", "uuid": "GPU-b"}, Value: 48 << 30},
+		{Name: "gpu_processes", Labels: map[string]string{"gpu": "1", "uuid": "GPU-b"}},
+	}
+	if s := gpuSeries(info); !reflect.DeepEqual(s, want) {
+		t.Errorf("series\n%+v\nwant\n%+v", s, want)
 	}
 }
