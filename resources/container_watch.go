@@ -29,8 +29,15 @@ func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
 	if err != nil {
 		return err
 	}
-	c := k.client(env)
-	member, err := c.InstanceMember(ctx, k.name)
+	return watchMember(ctx, env, k.client(env), k.name)
+}
+
+// watchMember blocks until the cluster member holding instance is no longer Online as
+// the cluster reports it (nil), asking every MemberWatchEvery, or ctx ends (its error).
+// agent.ErrNothingToWatch: the instance is on no cluster member (or the cluster cannot
+// say which). The container kind's watch, and the server kind's of a server inside.
+func watchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance string) error {
+	member, err := c.InstanceMember(ctx, instance)
 	if err != nil || member == "" || member == "none" {
 		return agent.ErrNothingToWatch
 	}
@@ -43,7 +50,7 @@ func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
 		case <-t.C:
 		}
 		if m, err := memberState(ctx, c, member); err == nil && !m.Online() {
-			env.Log.Info("the instance's cluster member is not online; observing the container now", "member", member, "state", m.Describe())
+			env.Log.Info("the instance's cluster member is not online; observing it now", "instance", instance, "member", member, "state", m.Describe())
 			return nil
 		}
 	}

@@ -58,6 +58,13 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if stopped {
 		has = false // stopped for good: a launch is a new start, numbered after it
 	}
+	places := []string{s.place}
+	if has {
+		places = append(places, rec.Place)
+	}
+	if _, err := s.memberDown(ctx, env, places...); err != nil {
+		return nil, err
+	}
 	var found *agent.RecordUpdate // a pending launch settled
 	if has && rec.Pending != nil {
 		if has, found, err = s.recoverPending(env, &rec); err != nil {

@@ -2,7 +2,9 @@ package resources
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,7 +58,45 @@ func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRec
 	if rec.PIDNS == "" || !ok {
 		return watchProcess(ctx, s.host.Proc, rec.id())
 	}
-	return s.incusRunner(env, name).WatchRemote(ctx, rec.PIDNS, rec.id(), RemoteWatchEvery)
+	// The member holding the instance is watched too: one whose incusd hangs answers
+	// no look inside, and the process would read as alive until the next resync.
+	r := s.incusRunner(env, name)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited, down := make(chan error, 1), make(chan error, 1)
+	go func() { exited <- r.WatchRemote(ctx, rec.PIDNS, rec.id(), RemoteWatchEvery) }()
+	go func() { down <- watchMember(ctx, env, r.Client, name) }()
+	for {
+		select {
+		case err := <-exited:
+			return err
+		case err := <-down:
+			if !errors.Is(err, agent.ErrNothingToWatch) {
+				return err
+			}
+			down = nil // on no cluster member: the process alone
+		}
+	}
+}
+
+// memberDown returns the member and the cluster's word on it (the container kind's
+// downMember: the member, its status and message, and the fix) when one of places is a
+// container on a cluster member the cluster reports not online; "" and nil otherwise.
+// Asked before any look inside: each is forwarded to that member, and one whose incusd
+// hangs answers none of them (an observation waited out every look's deadline, 20-30 s,
+// for "context deadline exceeded"), while the cluster's database answers this from any
+// member.
+func (s *Server) memberDown(ctx context.Context, env *agent.Env, places ...string) (string, error) {
+	for i, place := range places {
+		name, ok := cutIncusPlace(place)
+		if !ok || slices.Contains(places[:i], place) {
+			continue
+		}
+		if member, err := downMember(ctx, s.incusRunner(env, name).Client, name); err != nil {
+			return member, err
+		}
+	}
+	return "", nil
 }
 
 // cutIncusPlace is the instance name of a place "container NAME".

@@ -28,6 +28,10 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return s.unlaunchedStatus(ctx, env), nil
 	}
 	s = s.liveView(env)
+	if member, err := s.memberDown(ctx, env, s.place, rec.Place); err != nil {
+		return &agent.Status{Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err),
+			Fields: []agent.Field{agent.TextField(agent.MemberField, "member", member)}}, nil
+	}
 	lc, err := s.lifecycle(ctx, env)
 	if err != nil && !errors.Is(err, errNoEndpoint) {
 		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil

@@ -1,0 +1,120 @@
+package resources
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
+)
+
+// A server in a container on a cluster member whose incusd hangs (SIGSTOP) is observed
+// in the cluster's own words once the cluster marks the member Offline, at once: every
+// look inside is forwarded to that member, which answers none, so before this its plan
+// and status waited out the remote looks' deadlines and ended in "context deadline
+// exceeded" (issue 27's point 7 fixed the container kind alone). The member, its status
+// and the fix are in the plan's error and the status, which is not healthy and names the
+// member; neither waits as long as one look inside may (lifecycle's 10 s). The server's
+// watch returns within seconds of the member going Offline, as the container's does.
+func TestServerInContainerOnAHungMember(t *testing.T) {
+	c := incusCluster.Start(t)
+	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
+	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
+	// Through m1's socket: the instance on m2 is reached through the cluster.
+	engine := func() *agent.Engine {
+		vars := []string{"incus_socket=" + c.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}
+		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	}
+	ctx := context.Background()
+	if st := engine().Apply(ctx, nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
+		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
+	}
+	h.exec("ip", "link", "set", "lo", "up")
+	f, err := os.Open(staticFakeSGLang(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, h.step(engine().Apply(ctx, nil)))
+	if st := h.step(engine().Status(ctx)); st.Err != nil || !st.Status.Healthy || st.Status.Member() != "m2" {
+		t.Fatalf("status before: %v %+v", st.Err, st.Status)
+	}
+
+	// The server's watch: quiet while m2 answers, back within seconds of the cluster
+	// marking it Offline (its process inside still runs and its probe still answers:
+	// only the member tells), so that agent run observes it at once.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watched := make(chan error, 1)
+	go func() { watched <- engine().Watch(watchCtx, "server.qwen") }()
+	select {
+	case err := <-watched:
+		t.Fatalf("the watch ended before the member hung: %v", err)
+	case <-time.After(2 * MemberWatchEvery):
+	}
+
+	m2 := c.Member("m2")
+	thaw, err := m2.Freeze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // the member back for the next test, also when this one fails
+		if err := thaw(); err != nil {
+			t.Errorf("thaw m2: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := c.WaitMembers(ctx, incus.MemberOnline, "m2"); err != nil {
+			t.Errorf("m2 back: %v", err)
+		}
+	})
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer wcancel()
+	if err := c.WaitMembers(wctx, incus.MemberOffline, "m2"); err != nil {
+		t.Fatal(err)
+	}
+	offline := time.Now()
+	select {
+	case err := <-watched:
+		if err != nil {
+			t.Fatalf("the watch: %v", err)
+		}
+		t.Logf("the watch returned %s after the cluster marked m2 Offline", time.Since(offline).Round(time.Millisecond))
+	case <-time.After(2*MemberWatchEvery + 5*time.Second):
+		t.Errorf("the watch did not return within %s of the cluster marking m2 Offline", 2*MemberWatchEvery+5*time.Second)
+	}
+	const fast = 10 * time.Second // one look inside may take this long (lifecycle's default)
+	words := func(s string) bool {
+		return strings.Contains(s, "member m2 is Offline") && strings.Contains(s, "incus cluster list") && strings.Contains(s, h.name)
+	}
+
+	began := time.Now()
+	st := h.step(engine().Status(ctx))
+	took := time.Since(began)
+	if st.Err != nil || st.Status == nil || st.Status.Healthy || !words(st.Status.Summary) || st.Status.Member() != "m2" {
+		t.Errorf("status with m2 hung: %v %+v", st.Err, st.Status)
+	}
+	if took >= fast {
+		t.Errorf("status with m2 hung took %s, want under %s", took.Round(time.Millisecond), fast)
+	}
+	t.Logf("status with m2 hung: %s: %s", took.Round(time.Millisecond), st.Status.Summary)
+
+	began = time.Now()
+	st = h.step(engine().Plan(ctx))
+	took = time.Since(began)
+	if st.Err == nil || !words(st.Err.Error()) {
+		t.Errorf("plan with m2 hung: %v %+v", st.Err, st.Diff)
+	}
+	if took >= fast {
+		t.Errorf("plan with m2 hung took %s, want under %s", took.Round(time.Millisecond), fast)
+	}
+	t.Logf("plan with m2 hung: %s: %v", took.Round(time.Millisecond), st.Err)
+}
