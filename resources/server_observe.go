@@ -164,33 +164,32 @@ func (s *Server) portHolder(ctx context.Context, procs lifecycle.Procs, prev *se
 		if err != nil || st.Dead() {
 			continue
 		}
-		if prev != nil && ours(ctx, procs, st, prev) {
-			continue
+		if prev != nil {
+			mine, err := ours(ctx, procs, st, prev)
+			if err != nil {
+				return nil, fmt.Errorf("port %d is held by pid %d; whether it is generation %d's: %w", s.port, pid, prev.Generation, err)
+			}
+			if mine {
+				continue
+			}
 		}
 		return &st, nil
 	}
 	return nil, nil
 }
 
-// ours reports whether st belongs to the recorded launch: it carries the launch's
-// marker, or it is in the launch's group or session (started no earlier than the
-// leader) while the leader, alive or not yet reaped, still is. Without the leader the
-// group's number may have been reused by a foreign process (proc.FS.Stop follows the
-// same rule), and only the marker proves anything.
-func ours(ctx context.Context, procs lifecycle.Procs, st proc.Stat, rec *serverRecord) bool {
-	if st.StartTicks >= rec.StartTicks && ((rec.PGID != 0 && st.PGRP == rec.PGID) || (rec.SID != 0 && st.Session == rec.SID)) {
-		leader, err := procs.Stat(ctx, rec.PID)
-		if err == nil && leader.StartTicks == rec.StartTicks &&
-			((rec.PGID != 0 && leader.PGRP == rec.PGID && st.PGRP == rec.PGID) || (rec.SID != 0 && leader.Session == rec.SID && st.Session == rec.SID)) {
-			return true
-		}
+// ours reports whether st belongs to the recorded launch: whether a stop of it would
+// stop st. The stop's rule (proc.Target.Members) is the only one, so that observation
+// and stop never disagree: a process called ours that the stop leaves alone would hold
+// the port through the relaunch, one called foreign that the stop would kill blocks the
+// launch with "port held" (internal/proc's TestMembersIsTheOneRule lists where an older
+// rule of its own differed).
+func ours(ctx context.Context, procs lifecycle.Procs, st proc.Stat, rec *serverRecord) (bool, error) {
+	members, err := procs.Members(ctx, rec.target(), nil)
+	if err != nil {
+		return false, err
 	}
-	if rec.Marker != "" {
-		if env, err := procs.Environ(ctx, st.PID); err == nil && slices.Contains(env, rec.Marker) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(members, func(m proc.Stat) bool { return m.Identity() == st.Identity() }), nil
 }
 
 // matches reports whether a process the agent did not start runs exactly this server:

@@ -550,10 +550,12 @@ func TestKeyChanges(t *testing.T) {
 	}
 }
 
-// A process on the port is the previous launch's leftover (stopped with it) only while
-// the group or session it shares is anchored by the live leader, or when it carries the
-// launch's marker: after the leader is gone, the group's number may name a foreign
-// group that reused the PID, whose process must block the launch, not be stopped.
+// A process on the port is the previous launch's leftover (stopped with it) only when
+// the stop would stop it (proc.Target.Members: TestMembersIsTheOneRule has every case):
+// while the group or session it shares is anchored by the live leader, when it carries
+// the launch's marker, or when it descends from such a process; after the leader is
+// gone, the group's number may name a foreign group that reused the PID, whose process
+// must block the launch, not be stopped.
 func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 	t.Parallel()
 	const marker = "AGENT_SERVER=server.qwen#1@1"
@@ -595,6 +597,14 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		})
 		return cmd, child
 	}
+	isOurs := func(t *testing.T, st proc.Stat, rec *serverRecord) bool {
+		t.Helper()
+		ok, err := ours(context.Background(), lifecycle.HostProcs(fs), st, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
 	const exits = "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"
 	const stays = "sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300"
 
@@ -603,7 +613,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits)
 		sh.Wait() // the leader's PID is free; the child keeps its group and session
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
+		if isOurs(t, child, rec) {
 			t.Error("a process in a group whose leader is gone was taken for the launch's")
 		}
 	})
@@ -612,7 +622,7 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 		sh, child := spawn(t, exits, marker)
 		sh.Wait()
 		rec := &serverRecord{PID: sh.Process.Pid, StartTicks: child.StartTicks - 100, PGID: sh.Process.Pid, SID: sh.Process.Pid, Marker: marker}
-		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
+		if !isOurs(t, child, rec) {
 			t.Error("a leftover carrying the launch's marker was not taken for the launch's")
 		}
 	})
@@ -624,8 +634,25 @@ func TestOursNeedsTheLeaderOrTheMarker(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := &serverRecord{PID: leader.PID, StartTicks: leader.StartTicks, PGID: leader.PGRP, SID: leader.Session}
-		if !ours(context.Background(), lifecycle.HostProcs(fs), child, rec) {
+		if !isOurs(t, child, rec) {
 			t.Error("a child in the live leader's group was not taken for the launch's")
+		}
+	})
+	// The stop's rule (proc.Target.Members) follows descent: a child that left the
+	// group and session (setsid) without the marker is the launch's while its parent is.
+	t.Run("setsid child of the live leader, no marker: ours", func(t *testing.T) {
+		t.Parallel()
+		sh, child := spawn(t, "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300")
+		leader, err := fs.Stat(sh.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if child.PGRP == leader.PGRP || child.Session == leader.Session || child.PPID != leader.PID {
+			t.Fatalf("child %+v did not leave leader %+v's group and session as its child", child, leader)
+		}
+		rec := &serverRecord{PID: leader.PID, StartTicks: leader.StartTicks, PGID: leader.PGRP, SID: leader.Session}
+		if !isOurs(t, child, rec) {
+			t.Error("the live leader's setsid child, which its stop stops, was taken for a foreign process")
 		}
 	})
 }

@@ -44,8 +44,11 @@ func (p remoteProcs) Describe(ctx context.Context, ids []proc.Identity) string {
 }
 
 // Members returns the live processes inside that make up the target (see
-// proc.Target.Members for why a group or session counts only while anchored).
+// proc.Target.Members for why a group or session counts only while anchored): for a
+// stop's look, and for observation (Procs), each look bounded like any other read.
 func (p remoteProcs) Members(ctx context.Context, t proc.Target, known map[proc.Identity]proc.Stat) ([]proc.Stat, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	all, marked, err := p.all(ctx, t.Marker)
 	if err != nil {
 		return nil, err

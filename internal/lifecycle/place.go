@@ -138,6 +138,10 @@ type Procs interface {
 	PortOwners(ctx context.Context, port int) ([]int, error)
 	PortFree(ctx context.Context, port int, wait time.Duration) error
 	Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error)
+	// Members returns the processes a Stop of t would aim at now (proc.Target.Members
+	// over this place's processes; known as in proc.Namespace), signalling nothing:
+	// observation asks the stop's own rule which processes are a launch's.
+	Members(ctx context.Context, t proc.Target, known map[proc.Identity]proc.Stat) ([]proc.Stat, error)
 }
 
 // HostProcs is this host's /proc (fs) as Procs.
@@ -165,6 +169,9 @@ func (p hostProcs) PortOwners(_ context.Context, port int) ([]int, error) {
 }
 func (p hostProcs) PortFree(ctx context.Context, port int, wait time.Duration) error {
 	return p.fs.PortFree(ctx, port, wait)
+}
+func (p hostProcs) Members(_ context.Context, t proc.Target, known map[proc.Identity]proc.Stat) ([]proc.Stat, error) {
+	return p.fs.Members(t, known)
 }
 func (p hostProcs) Stop(ctx context.Context, t proc.Target, sig syscall.Signal, timeout time.Duration) (proc.Report, error) {
 	return p.fs.Stop(ctx, t, sig, timeout)

@@ -317,6 +317,19 @@ func (fs FS) guard(t Target) (guard, error) {
 	return g, nil
 }
 
+// Members returns the processes a Stop of t would aim at now, without signalling
+// anything: the same snapshot (Target.Members over this /proc, the caller, its
+// ancestors and PID 1 left out), so that whoever asks which processes are the
+// target's (the server kind, before calling a port holder foreign) gets the stop's
+// answer. It fails, as Stop would, when t's group or session holds the caller.
+func (fs FS) Members(t Target, known map[Identity]Stat) ([]Stat, error) {
+	g, err := fs.guard(t)
+	if err != nil {
+		return nil, err
+	}
+	return fs.snapshot(t, g, known)
+}
+
 // snapshot returns the live processes that make up the target, each once
 // (Target.Members over this /proc, with the guard left out).
 func (fs FS) snapshot(t Target, g guard, known map[Identity]Stat) ([]Stat, error) {
