@@ -12,7 +12,26 @@ get() {
 	cat <&3
 	exec 3<&-
 }
-# metric SERIES: its value on the daemon's /metrics (0 when absent).
-metric() { get "$lport" /metrics 2>/dev/null | awk -v s="$1" '$1 == s {print $2; found=1} END {if (!found) print 0}'; }
+# metric 'NAME{label="v",...}': the value of the first series on the daemon's /metrics of
+# that name that carries those labels, whatever others it has (0 when there is none).
+metric() {
+	get "$lport" /metrics 2>/dev/null | awk -v s="$1" '
+		BEGIN { name = s; sub(/\{.*/, "", name); want = s; sub(/^[^{]*\{?/, "", want); sub(/\}$/, "", want); n = split(want, pairs, ",") }
+		found { next }
+		{ line = $1; ln = line; sub(/\{.*/, "", ln); if (ln != name) next
+		  for (i = 1; i <= n; i++) if (pairs[i] != "" && index(line, pairs[i]) == 0) next
+		  print $2; found = 1 }
+		END { if (!found) print 0 }'
+}
+# until_for SECONDS WHAT CMD...: run CMD until it succeeds, failing the benchmark with WHAT
+# after SECONDS (a renamed metric must not hang a benchmark forever).
+until_for() {
+	local limit=$(($(date +%s) + $1)) what=$2
+	shift 2
+	until "$@"; do
+		[ "$(date +%s)" -lt "$limit" ] || { echo "timed out waiting for $what" >&2; exit 1; }
+		sleep 0.05
+	done
+}
 # record FIELD: a field of server.qwen's state record.
 record() { sed -n "s/.*\"$1\": *\"\{0,1\}\([^\",]*\).*/\1/p" "$work/state/resources/server.qwen.json" | head -n1; }

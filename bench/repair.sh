@@ -13,7 +13,9 @@
 # loop, and back off by design. Printed per run: the wall time from the kill to the
 # verified repair, the daemon's own time to repair (detection → verified,
 # agent_time_to_repair_seconds) and the fake server's own start-to-ready time
-# (launched_at → ready_at). Goal: under 2 s. Then bench/idle.sh IDLE_SECONDS (default
+# (launched_at → ready_at). A repair is verified only after the server stayed ready for
+# its ready.settle (the quickstart keeps the default, 3 s), so the goal is on the agent's
+# own share: the daemon's time less the server's start and the settle, under 0.5 s. Then bench/idle.sh IDLE_SECONDS (default
 # 60; 0 skips it). Needs Go only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,13 +65,15 @@ for run in $(seq "$runs"); do
 	"$work/agent" run "$work/plan" --state-dir "$work/state" --interval 30s --listen "127.0.0.1:$lport" --log-level warn \
 		-var root="$work" -var fake_sglang="$work/fake-sglang" -var model_url="$model_url" -var port="$port" 2>>"$work/run.log" &
 	agent_pid=$!
-	until [ "$(metric 'agent_resource_healthy{name="server.qwen"}')" = 1 ]; do sleep 0.05; done
+	healthy() { [ "$(metric 'agent_resource_healthy{resource="server.qwen"}')" = 1 ]; }
+	until_for 120 "server.qwen verified (agent_resource_healthy)" healthy
 	r0=$(metric 'agent_repairs_total{resource="server.qwen"}')
 	s0=$(metric 'agent_time_to_repair_seconds_sum{resource="server.qwen"}')
 	pid=$(record pid)
 	t0=$(ms)
 	kill -9 -- "-$pid"
-	until [ "$(metric 'agent_repairs_total{resource="server.qwen"}')" != "$r0" ]; do sleep 0.02; done
+	repaired() { [ "$(metric 'agent_repairs_total{resource="server.qwen"}')" != "$r0" ]; }
+	until_for 120 "the repair counted (agent_repairs_total)" repaired
 	t1=$(ms)
 	s1=$(metric 'agent_time_to_repair_seconds_sum{resource="server.qwen"}')
 	ready=$(python3 - "$work/state/resources/server.qwen.json" <<'PY'
@@ -90,7 +94,10 @@ PY
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 max() { printf '%s\n' "$@" | sort -n | tail -n1; }
-echo "time to repair under agent run, download in flight, $runs runs: median $(median "${walls[@]}") ms, max $(max "${walls[@]}") ms (goal < 2000 ms); daemon's own median $(median "${owns[@]}") ms, of which the fake server's start-to-ready median $(median "${readies[@]}") ms"
+settle_ms=3000 # the quickstart's ready block keeps the default ready.settle (3 s)
+shares=()
+for i in "${!owns[@]}"; do shares+=($((owns[i] - readies[i] - settle_ms))); done
+echo "time to repair under agent run, download in flight, $runs runs: median $(median "${walls[@]}") ms, max $(max "${walls[@]}") ms; daemon's own median $(median "${owns[@]}") ms, of which the fake server's start-to-ready median $(median "${readies[@]}") ms and ready.settle $settle_ms ms; the agent's own share median $(median "${shares[@]}") ms (goal < 500 ms)"
 kill "$serve_pid" 2>/dev/null || true
 serve_pid=""
 if [ "${IDLE_SECONDS:-60}" != 0 ]; then

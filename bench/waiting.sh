@@ -57,7 +57,8 @@ t0=$(ms)
 "$work/agent" run "$work/plan" --state-dir "$work/state" --interval "$interval" --listen "127.0.0.1:$lport" --log-level warn \
 	-var root="$work" -var fake_sglang="$work/fake-sglang" -var model_url="$model_url" -var port="$port" 2>>"$work/run.log" &
 agent_pid=$!
-until [ "$(metric 'agent_resource_healthy{name="server.qwen"}')" = 1 ]; do sleep 0.1; done
+healthy() { [ "$(metric 'agent_resource_healthy{resource="server.qwen"}')" = 1 ]; }
+until_for 600 "server.qwen verified (agent_resource_healthy)" healthy
 echo "server verified $(($(ms) - t0)) ms after start, with $waiting files in the plan"
 until get "$lport" /healthz 2>/dev/null | grep -q "$waiting waiting for dependencies"; do sleep 0.2; done
 echo "all $waiting files waiting $(($(ms) - t0)) ms after start"

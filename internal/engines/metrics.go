@@ -50,12 +50,10 @@ type Metrics struct {
 	ranks map[int]rankDecode
 }
 
-// rankDecode is one DP rank's latest decode line.
+// rankDecode is one DP rank's latest decode line: its load figures (keepLoad).
 type rankDecode struct {
-	at                     time.Time
-	gen                    *float64
-	running, queue         *int
-	tokenUsage, mambaUsage *float64
+	at   time.Time
+	load Metrics
 }
 
 // rankStale is how old a DP rank's last decode line may be, next to the
@@ -101,13 +99,9 @@ func (m *Metrics) Apply(ev Event) {
 	if !ev.Time.IsZero() {
 		m.LastEvent = ev.Time
 	}
-	keepInt(&m.RunningReqs, ev.RunningReqs)
-	keepInt(&m.QueueReqs, ev.QueueReqs)
+	m.keepLoad(ev)
 	keepInt(&m.Tokens, ev.Tokens)
 	keepInt(&m.Tokens, ev.FullTokens)
-	keepFloat(&m.TokenUsage, ev.TokenUsage)
-	keepFloat(&m.TokenUsage, ev.FullTokenUsage)
-	keepFloat(&m.MambaUsage, ev.MambaUsage)
 	keepFloat(&m.SWATokenUsage, ev.SWATokenUsage)
 	keepFloat(&m.AcceptLen, ev.AcceptLen)
 	keepFloat(&m.AcceptRate, ev.AcceptRate)
@@ -118,7 +112,6 @@ func (m *Metrics) Apply(ev Event) {
 		b := *ev.CUDAGraph
 		m.CUDAGraph = &b
 	}
-	keepFloat(&m.GenThroughput, ev.GenThroughput)
 	keepFloat(&m.InputThroughput, ev.InputThroughput)
 	if dp, ok := rankNumber(ev.Rank, "DP"); ok && ev.Kind == KindDecode {
 		m.applyRank(dp, ev)
@@ -134,12 +127,7 @@ func (m *Metrics) applyRank(dp int, ev Event) {
 	}
 	r := m.ranks[dp]
 	r.at = ev.Time
-	keepFloat(&r.gen, ev.GenThroughput)
-	keepInt(&r.running, ev.RunningReqs)
-	keepInt(&r.queue, ev.QueueReqs)
-	keepFloat(&r.tokenUsage, ev.TokenUsage)
-	keepFloat(&r.tokenUsage, ev.FullTokenUsage)
-	keepFloat(&r.mambaUsage, ev.MambaUsage)
+	r.load.keepLoad(ev)
 	m.ranks[dp] = r
 	if len(m.ranks) < 2 {
 		return
@@ -151,20 +139,21 @@ func (m *Metrics) applyRank(dp int, ev Event) {
 		if !ev.Time.IsZero() && !r.at.IsZero() && ev.Time.Sub(r.at) > rankStale {
 			continue
 		}
-		if r.gen != nil {
-			gen, haveGen = gen+*r.gen, true
+		l := r.load
+		if l.GenThroughput != nil {
+			gen, haveGen = gen+*l.GenThroughput, true
 		}
-		if r.running != nil {
-			running, haveRunning = running+*r.running, true
+		if l.RunningReqs != nil {
+			running, haveRunning = running+*l.RunningReqs, true
 		}
-		if r.queue != nil {
-			queue, haveQueue = queue+*r.queue, true
+		if l.QueueReqs != nil {
+			queue, haveQueue = queue+*l.QueueReqs, true
 		}
-		if r.tokenUsage != nil && (!haveUsage || *r.tokenUsage > usage) {
-			usage, haveUsage = *r.tokenUsage, true
+		if l.TokenUsage != nil && (!haveUsage || *l.TokenUsage > usage) {
+			usage, haveUsage = *l.TokenUsage, true
 		}
-		if r.mambaUsage != nil && (!haveMamba || *r.mambaUsage > mamba) {
-			mamba, haveMamba = *r.mambaUsage, true
+		if l.MambaUsage != nil && (!haveMamba || *l.MambaUsage > mamba) {
+			mamba, haveMamba = *l.MambaUsage, true
 		}
 	}
 	if haveGen {
@@ -182,6 +171,18 @@ func (m *Metrics) applyRank(dp int, ev Event) {
 	if haveMamba {
 		m.MambaUsage = &mamba
 	}
+}
+
+// keepLoad folds the load figures an event carries into m, each replacing the value m
+// held: requests running and queued, token and mamba usage, generation throughput. They
+// are the figures a server's DP ranks each log for their own batch (applyRank).
+func (m *Metrics) keepLoad(ev Event) {
+	keepInt(&m.RunningReqs, ev.RunningReqs)
+	keepInt(&m.QueueReqs, ev.QueueReqs)
+	keepFloat(&m.TokenUsage, ev.TokenUsage)
+	keepFloat(&m.TokenUsage, ev.FullTokenUsage)
+	keepFloat(&m.MambaUsage, ev.MambaUsage)
+	keepFloat(&m.GenThroughput, ev.GenThroughput)
 }
 
 func keepInt(dst **int, v *int) {

@@ -37,8 +37,8 @@ func ParsePrometheus(text string) (Metrics, error) {
 // totals sums each series name over its labels (vLLM labels every series
 // with engine and model_name, counters also with finished_reason and such)
 // and keeps the maximum for the names in peak.
-func totals(samples []sample, prefix string, peak ...string) map[string]float64 {
-	out := map[string]float64{}
+func totals(samples []sample, prefix string, peak ...string) figures {
+	out := figures{}
 	for _, s := range samples {
 		if !strings.HasPrefix(s.Name, prefix) || math.IsNaN(s.Value) || math.IsInf(s.Value, 0) {
 			continue
@@ -54,6 +54,27 @@ func totals(samples []sample, prefix string, peak ...string) map[string]float64 
 		}
 	}
 	return out
+}
+
+// figures are an exposition's series totalled by name (totals).
+type figures map[string]float64
+
+// number is the named figure; nil when the exposition has no such series.
+func (t figures) number(name string) *float64 {
+	if v, ok := t[name]; ok {
+		return &v
+	}
+	return nil
+}
+
+// count is the named figure as a count; nil when the exposition has no such series or
+// its value is past what a float64 holds exactly.
+func (t figures) count(name string) *int {
+	if v, ok := t[name]; ok && math.Abs(v) < 1<<53 {
+		n := int(v)
+		return &n
+	}
+	return nil
 }
 
 // vLLM's metric names (vllm/v1/metrics/loggers.py; v0's in brackets).
@@ -79,29 +100,16 @@ func vllmPrometheus(samples []sample) (Metrics, error) {
 		return Metrics{}, fmt.Errorf("parse vllm metrics: %w", ErrNoMetrics)
 	}
 	var m Metrics
-	get := func(name string) *float64 {
-		if v, ok := t[name]; ok {
-			return &v
-		}
-		return nil
-	}
-	toInt := func(f *float64) *int {
-		if f == nil || math.Abs(*f) >= 1<<53 {
-			return nil
-		}
-		n := int(*f)
-		return &n
-	}
-	m.RunningReqs = toInt(get(VLLMRunning))
-	m.QueueReqs = toInt(get(VLLMWaiting))
-	m.TokenUsage = get(VLLMKVUsage)
+	m.RunningReqs = t.count(VLLMRunning)
+	m.QueueReqs = t.count(VLLMWaiting)
+	m.TokenUsage = t.number(VLLMKVUsage)
 	if m.TokenUsage == nil {
-		m.TokenUsage = get(VLLMGPUCacheUsage)
+		m.TokenUsage = t.number(VLLMGPUCacheUsage)
 	}
-	m.PromptTokens = get(VLLMPromptTokens)
-	m.GenerationTokens = get(VLLMGenTokens)
-	m.Requests = get(VLLMRequests)
-	m.GenThroughput = get(VLLMGenThroughput)
+	m.PromptTokens = t.number(VLLMPromptTokens)
+	m.GenerationTokens = t.number(VLLMGenTokens)
+	m.Requests = t.number(VLLMRequests)
+	m.GenThroughput = t.number(VLLMGenThroughput)
 	if q := t[VLLMPrefixQueries]; q > 0 {
 		r := t[VLLMPrefixHits] / q
 		m.CacheHitRate = &r
@@ -134,29 +142,16 @@ func llamaPrometheus(samples []sample) (Metrics, error) {
 	if len(t) == 0 {
 		return Metrics{}, fmt.Errorf("parse llama.cpp metrics: %w", ErrNoMetrics)
 	}
-	var m Metrics
-	f := func(name string) *float64 {
-		if v, ok := t[name]; ok {
-			return &v
-		}
-		return nil
-	}
-	i := func(name string) *int {
-		if v, ok := t[name]; ok && math.Abs(v) < 1<<53 {
-			n := int(v)
-			return &n
-		}
-		return nil
-	}
-	m.PromptTokens = f(LlamaPromptTokens)
-	m.GenerationTokens = f(LlamaPredicted)
-	m.GenThroughput = f(LlamaPredictedRate)
-	m.InputThroughput = f(LlamaPromptRate)
-	m.RunningReqs = i(LlamaProcessing)
-	m.QueueReqs = i(LlamaDeferred)
-	m.TokenUsage = f(LlamaKVUsage)
-	m.Tokens = i(LlamaKVTokens)
-	return m, nil
+	return Metrics{
+		PromptTokens:     t.number(LlamaPromptTokens),
+		GenerationTokens: t.number(LlamaPredicted),
+		GenThroughput:    t.number(LlamaPredictedRate),
+		InputThroughput:  t.number(LlamaPromptRate),
+		RunningReqs:      t.count(LlamaProcessing),
+		QueueReqs:        t.count(LlamaDeferred),
+		TokenUsage:       t.number(LlamaKVUsage),
+		Tokens:           t.count(LlamaKVTokens),
+	}, nil
 }
 
 // The SGLang metric names ParsePrometheus reads (SchedulerMetricsCollector

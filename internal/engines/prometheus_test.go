@@ -1,6 +1,7 @@
 package engines
 
 import (
+	"fmt"
 	"testing"
 )
 
@@ -38,5 +39,30 @@ vllm:e2e_request_latency_seconds_count 3
 	}
 	if len(s) != 2 || got["vllm:e2e_request_latency_seconds_sum"] != 2.5 || got["vllm:e2e_request_latency_seconds_count"] != 3 {
 		t.Errorf("samples = %+v", s)
+	}
+}
+
+// A count past what a float64 holds exactly is no count (nil), in every dialect that
+// reads counts from its totals; the same series within range is one.
+func TestParsePrometheusCountBounds(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ text, name string }{
+		{"vllm:num_requests_running{engine=\"0\"} %s\nvllm:num_requests_waiting{engine=\"0\"} 2\n", "vllm"},
+		{"llamacpp:requests_processing %s\nllamacpp:requests_deferred 2\n", "llama.cpp"},
+	} {
+		for v, want := range map[string]int{"1e20": -1, "-1e16": -1, "7": 7} {
+			m, err := ParsePrometheus(fmt.Sprintf(c.text, v))
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			switch {
+			case m.QueueReqs == nil || *m.QueueReqs != 2:
+				t.Errorf("%s: queue %v, want 2", c.name, m.QueueReqs)
+			case want < 0 && m.RunningReqs != nil:
+				t.Errorf("%s: running %s read as %d, want nil", c.name, v, *m.RunningReqs)
+			case want >= 0 && (m.RunningReqs == nil || *m.RunningReqs != want):
+				t.Errorf("%s: running %s read as %v, want %d", c.name, v, m.RunningReqs, want)
+			}
+		}
 	}
 }

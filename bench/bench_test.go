@@ -1,0 +1,43 @@
+// Package bench holds the benchmark scripts; this test runs the short version of the one
+// that drives `agent run` through its /metrics, so that a renamed metric or label fails
+// the suite instead of hanging the benchmark (bench/repair.sh once waited forever for a
+// series whose label had been renamed).
+package bench
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestRepairBenchShortVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the agent and runs it: not in -short")
+	}
+	cmd := exec.Command("bash", "repair.sh")
+	cmd.Env = append(os.Environ(), "RUNS=1", "BLOB_MIB=8", "RATE_KIB=512", "IDLE_SECONDS=0")
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Minute):
+			cmd.Process.Kill()
+		}
+	}()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench/repair.sh: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`the agent's own share median (-?\d+) ms`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("bench/repair.sh printed no share of the agent:\n%s", out)
+	}
+	// Not a timing assertion (machines are noisy): the figure must exist and be sane.
+	if ms, _ := strconv.Atoi(string(m[1])); ms < 0 || ms > 60000 {
+		t.Errorf("the agent's own share of a repair: %d ms\n%s", ms, out)
+	}
+}
