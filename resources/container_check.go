@@ -373,6 +373,9 @@ func (k *Container) createDiff(ctx context.Context, c *incus.Client) (*agent.Dif
 	if err := k.checkTarget(ctx, c); err != nil {
 		return nil, err
 	}
+	if err := k.checkRoom(ctx, c, fp); err != nil {
+		return nil, err
+	}
 	if k.nvidiaRT {
 		if err := k.checkProfilesPrivileged(ctx, c); err != nil {
 			return nil, err

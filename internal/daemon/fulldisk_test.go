@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,49 +11,6 @@ import (
 
 	"github.com/agent-dev/agent/internal/testbin"
 )
-
-// tmpfs mounts a tmpfs of size at a new directory until the test ends. It needs root
-// (mount); without it the test is skipped, and fails under CI=true.
-func tmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0755", "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		msg := "mounting a tmpfs needs root: " + strings.TrimSpace(string(out))
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
-
-// fill writes path until its filesystem is full.
-func fill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 1<<20)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			return
-		}
-	}
-}
 
 // Issue 27, point 1, on a real tmpfs and real processes: with the disk of the state
 // directory and the log directory full, a flag change never stops the healthy server
@@ -78,9 +33,9 @@ func fullDiskCase(t *testing.T, full string) {
 	fake := testbin.FakeSGLang(t)
 	root, stateFS := t.TempDir(), t.TempDir()
 	if full == "state" {
-		stateFS = tmpfs(t, "64m")
+		stateFS = testbin.Tmpfs(t, "64m")
 	} else {
-		root = tmpfs(t, "64m")
+		root = testbin.Tmpfs(t, "64m")
 	}
 	fullFS := map[string]string{"state": stateFS, "logs": root}[full]
 	t.Cleanup(func() { testbin.KillServers(root) })
@@ -96,7 +51,7 @@ func fullDiskCase(t *testing.T, full string) {
 		return r.Error == "" && r.Status != nil && r.Status.Healthy && readRecord(stateDir).Generation == 1
 	})
 	first := readRecord(stateDir)
-	fill(t, filepath.Join(fullFS, "fill"))
+	testbin.Fill(t, filepath.Join(fullFS, "fill"))
 
 	edited := strings.Replace(serverPlan, "HOME = var.root }", `HOME = var.root, CHANGED = "yes" }`, 1)
 	if err := os.WriteFile(planPath, []byte(edited), 0o600); err != nil {
