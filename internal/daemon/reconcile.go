@@ -454,6 +454,12 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		for _, dep := range d.shape.dependents[addr] {
 			d.queue.Add(dep) // they report the root cause of their wait
 		}
+		if agent.IsUnavailable(st.Err) {
+			// What it waits for is outside the agent (its cluster member is offline):
+			// its watch says when that may be back, and it is observed then, not at
+			// the end of a backoff that grows to minutes over a long outage.
+			d.armWatch(eng, gen, addr, rs)
+		}
 	}
 	d.recount(addr)
 	if gen == d.engGen && d.allConverged() {
@@ -530,8 +536,10 @@ func lastDiff(rs *resState) *agent.Diff {
 	return nil
 }
 
-// armWatch starts watching a resource that just verified converged, when its kind can
-// (agent.Watcher); a change it notices queues the resource at once (under d.mu).
+// armWatch starts watching a resource that just verified converged, or failed for
+// something outside the agent (agent.Unavailable), when its kind can (agent.Watcher); a
+// change it notices queues the resource at once, its backoff notwithstanding (under
+// d.mu).
 func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState) {
 	if rs.watchCancel != nil || d.stopping.Load() {
 		return
