@@ -348,6 +348,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		return
 	}
 	d.wakeRollout(eng, addr)
+	rs.unavailable = false
 	d.metrics.reconciles.WithLabelValues(addr, kindOf(addr)).Inc()
 	d.metrics.duration.WithLabelValues(addr, kindOf(addr)).Observe(st.Duration.Seconds())
 	drift := st.Diff != nil && st.Diff.Action != agent.NoOp
@@ -454,7 +455,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		for _, dep := range d.shape.dependents[addr] {
 			d.queue.Add(dep) // they report the root cause of their wait
 		}
-		if agent.IsUnavailable(st.Err) {
+		if rs.unavailable = agent.IsUnavailable(st.Err); rs.unavailable {
 			// What it waits for is outside the agent (its cluster member is offline):
 			// its watch says when that may be back, and it is observed then, not at
 			// the end of a backoff that grows to minutes over a long outage.
@@ -573,6 +574,11 @@ func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState)
 		now := time.Now()
 		if rs.downSince.IsZero() {
 			rs.downSince = now // detection: the time to repair counts from here
+		}
+		if rs.unavailable && !rs.converged {
+			// Its backoff waited for something outside the agent, which its watch
+			// now says may be back: observed now (a fresh Check decides).
+			rs.until = time.Time{}
 		}
 		wait := max(0, rs.lastFire.Add(watchRefire).Sub(now))
 		rs.lastFire = now
