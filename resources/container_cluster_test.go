@@ -17,7 +17,11 @@ import (
 )
 
 // incusCluster is this test binary's private three-member Incus cluster, formed by the
-// first cluster test. The cluster tests are not parallel: one of them stops a member.
+// first cluster test. A test that takes a member down (stops or freezes its incusd) is
+// serial, and brings the member back before it ends: Go runs every serial test of the
+// package before the first parallel one, so those never see a member missing. The others
+// leave the cluster whole and are parallel, overlapping their waits with the rest of the
+// package's parallel tests (the package's critical path; see scripts/test.sh).
 var incusCluster = incustest.NewSharedCluster()
 
 // clusterCtr runs plans of one container through the first member's socket.
@@ -114,6 +118,7 @@ func wantErr(t *testing.T, err error, parts ...string) {
 // GPU the member lacks are refused with the fix, before anything is created or changed;
 // a target other than the instance's member plans a migration.
 func TestContainerOnClusterMember(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newClusterCtr(t, c)
 
@@ -205,6 +210,7 @@ func TestContainerOnOfflineMember(t *testing.T) {
 // TestServerInContainerOnClusterMember: the verified launch, readiness, smoke test and
 // relaunch of a server in a container on m2, all through m1's socket.
 func TestServerInContainerOnClusterMember(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
 	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer

@@ -27,6 +27,7 @@ import (
 // (incus move): same name, same instance (uuid), on the new member; the plan shows the
 // target change as a migration.
 func TestContainerTargetChangeMoves(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newClusterCtr(t, c)
 	h.apply("  target = \"m2\"\n  running = false\n")
@@ -252,6 +253,7 @@ func removeInstance(t *testing.T, c *incus.Client, name string) {
 // then the old server stopped (verified) and the old instance deleted (verified gone).
 // The order is read from the apply's events and the records at each, never from sleeps.
 func TestMigrateMakeBeforeBreak(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newMigrateHarness(t, c)
 	ctx := context.Background()
@@ -342,6 +344,7 @@ func TestMigrateMakeBeforeBreak(t *testing.T) {
 // instance: the apply fails naming it, the old server and the old instance keep
 // serving; the next apply (the fault gone) resumes and finishes the migration.
 func TestMigrateFailureLeavesTheOldServing(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newMigrateHarness(t, c)
 	ctx := context.Background()
@@ -393,6 +396,7 @@ func TestMigrateFailureLeavesTheOldServing(t *testing.T) {
 // kill something still serves, and the next apply resumes from the records. The last
 // apply converges with exactly one instance left, on the new member, its server ready.
 func TestMigrateSurvivesSIGKILL(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newMigrateHarness(t, c)
 	h.applyOK("m2", nil)
@@ -496,6 +500,7 @@ func containsAll(s string, parts []string) bool {
 // the target changed back: the pair (the record says the agent built it; never live) is
 // deleted by the next apply, and the instance that served is untouched.
 func TestMigrateInterruptedThenTargetBack(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newClusterCtr(t, c)
 	ctx := context.Background()
@@ -540,6 +545,7 @@ func TestMigrateInterruptedThenTargetBack(t *testing.T) {
 // pair built on m3). ensure = "absent" deletes that half too, verified, before it drops
 // the record: what leaves the plan leaves the host, also half of a migration.
 func TestAbsentDeletesAMigrationsOtherHalf(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := newClusterCtr(t, c)
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 // its own log inside; a pending launch found inside by its marker; a container restart
 // that makes the recorded PID gone; adoption after lost state; an orphan stopped.
 func TestServerInContainerOnRemoteMember(t *testing.T) {
+	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
 	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
 	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
