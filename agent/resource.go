@@ -179,12 +179,39 @@ func IsTerminal(err error) bool {
 	return errors.As(err, &t)
 }
 
+// unavailableError marks an error that says the resource can be neither observed nor
+// changed until something outside the agent is back (its Incus cluster member is
+// offline): retrying sooner cannot help, and its Watch can tell when it may be back.
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// Unavailable marks err as Unavailable: the reconcile loop keeps its backoff, and also
+// watches the resource (Watcher) after such a failure, so it is observed again as soon
+// as its watch says what it waits for may be back, not at the end of a backoff that
+// grows to minutes over a long outage.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err: err}
+}
+
+// IsUnavailable reports whether err, or an error it wraps, was marked with Unavailable.
+func IsUnavailable(err error) bool {
+	var u *unavailableError
+	return errors.As(err, &u)
+}
+
 // Watcher is implemented by resources that can notice cheaply, between observations,
 // that what they last verified may no longer hold: a launched server's process exited.
-// The reconcile loop watches a resource after each verified reconcile and observes it
-// again as soon as Watch returns, instead of at its next resync, so a crashed server is
-// relaunched in seconds. Watch is a hint, never a verdict: the loop always decides from
-// a fresh Check.
+// The reconcile loop watches a resource after each verified reconcile (and after a
+// failure marked Unavailable) and observes it again as soon as Watch returns, instead
+// of at its next resync, so a crashed server is relaunched in seconds. Watch is a hint,
+// never a verdict: the loop always decides from a fresh Check. A watch should not
+// return again for a change it already reported (a member still offline): each return
+// is a reconcile and a log line.
 type Watcher interface {
 	// Watch blocks until the resource may have changed or ctx ends, and returns nil
 	// then. It returns ErrNothingToWatch at once when there is nothing to watch (no

@@ -54,9 +54,10 @@ func memberOnline(ctx context.Context, c *incus.Client, member, instance string)
 		return reachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
 	}
 	if !m.Online() {
-		return fmt.Errorf("%s: instance %s on it can be neither observed nor changed until it is back (incus cluster list; start its incusd, or evacuate and restore it)",
-			m.Describe(), instance)
+		return agent.Unavailable(fmt.Errorf("%s: instance %s on it can be neither observed nor changed until it is back (incus cluster list; start its incusd, or evacuate and restore it)",
+			m.Describe(), instance))
 	}
+	memberSeen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
 	return nil
 }
 

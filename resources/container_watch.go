@@ -2,6 +2,7 @@ package resources
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -32,8 +33,13 @@ func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
 	return watchMember(ctx, env, k.client(env), k.name)
 }
 
-// watchMember blocks until the cluster member holding instance is no longer Online as
-// the cluster reports it (nil), asking every MemberWatchEvery, or ctx ends (its error).
+// watchMember blocks until the state of the cluster member holding instance changes
+// from what the last watch of instance reported (nil): it falls from Online, or, once a
+// watch reported it down, it is back or in another status (Offline to Evacuated). It
+// asks every MemberWatchEvery, until ctx ends (its error). A member still down as
+// reported is not reported again: `agent run` arms the watch after each reconcile,
+// and a watch that returned every MemberWatchEvery for as long as a member stayed down
+// meant a reconcile and a "change noticed" line every few seconds for the whole outage.
 // agent.ErrNothingToWatch: the instance is on no cluster member (or the cluster cannot
 // say which). The container kind's watch, and the server kind's of a server inside.
 func watchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance string) error {
@@ -41,6 +47,7 @@ func watchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance 
 	if err != nil || member == "" || member == "none" {
 		return agent.ErrNothingToWatch
 	}
+	key := seenKey(c, instance)
 	t := time.NewTicker(MemberWatchEvery)
 	defer t.Stop()
 	for {
@@ -49,12 +56,31 @@ func watchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance 
 			return ctx.Err()
 		case <-t.C:
 		}
-		if m, err := memberState(ctx, c, member); err == nil && !m.Online() {
+		m, err := memberState(ctx, c, member)
+		if err != nil {
+			continue
+		}
+		was, reported := memberSeen.Load(key)
+		switch {
+		case m.Online() && reported:
+			memberSeen.Delete(key)
+			env.Log.Info("the instance's cluster member is online again; observing it now", "instance", instance, "member", member, "was", was)
+			return nil
+		case !m.Online() && was != m.Status:
+			memberSeen.Store(key, m.Status)
 			env.Log.Info("the instance's cluster member is not online; observing it now", "instance", instance, "member", member, "state", m.Describe())
 			return nil
 		}
 	}
 }
+
+// memberSeen holds, per Incus socket and instance (seenKey), the status of the member
+// holding it that a watch last reported down: the watches of one resource come and go
+// (one per reconcile, and a new engine at each plan reload), what they reported must
+// outlive them. An observation that finds the member online forgets it.
+var memberSeen sync.Map
+
+func seenKey(c *incus.Client, instance string) string { return c.Socket() + "\x00" + instance }
 
 // memberState is the member as the cluster reports it, under a short deadline of its own
 // (the member the agent talks to may itself be the one that hangs).

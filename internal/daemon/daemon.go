@@ -192,6 +192,9 @@ type resState struct {
 
 	watchID     int
 	watchCancel context.CancelFunc
+	// unavailable: its last reconcile failed for something outside the agent
+	// (agent.Unavailable); a change its watch notices ends the backoff.
+	unavailable bool
 }
 
 type failure struct {

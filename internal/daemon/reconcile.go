@@ -348,6 +348,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		return
 	}
 	d.wakeRollout(eng, addr)
+	rs.unavailable = false
 	d.metrics.reconciles.WithLabelValues(addr, kindOf(addr)).Inc()
 	d.metrics.duration.WithLabelValues(addr, kindOf(addr)).Observe(st.Duration.Seconds())
 	drift := st.Diff != nil && st.Diff.Action != agent.NoOp
@@ -454,6 +455,12 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		for _, dep := range d.shape.dependents[addr] {
 			d.queue.Add(dep) // they report the root cause of their wait
 		}
+		if rs.unavailable = agent.IsUnavailable(st.Err); rs.unavailable {
+			// What it waits for is outside the agent (its cluster member is offline):
+			// its watch says when that may be back, and it is observed then, not at
+			// the end of a backoff that grows to minutes over a long outage.
+			d.armWatch(eng, gen, addr, rs)
+		}
 	}
 	d.recount(addr)
 	if gen == d.engGen && d.allConverged() {
@@ -530,8 +537,10 @@ func lastDiff(rs *resState) *agent.Diff {
 	return nil
 }
 
-// armWatch starts watching a resource that just verified converged, when its kind can
-// (agent.Watcher); a change it notices queues the resource at once (under d.mu).
+// armWatch starts watching a resource that just verified converged, or failed for
+// something outside the agent (agent.Unavailable), when its kind can (agent.Watcher); a
+// change it notices queues the resource at once, its backoff notwithstanding (under
+// d.mu).
 func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState) {
 	if rs.watchCancel != nil || d.stopping.Load() {
 		return
@@ -565,6 +574,11 @@ func (d *Daemon) armWatch(eng *agent.Engine, gen int, addr string, rs *resState)
 		now := time.Now()
 		if rs.downSince.IsZero() {
 			rs.downSince = now // detection: the time to repair counts from here
+		}
+		if rs.unavailable && !rs.converged {
+			// Its backoff waited for something outside the agent, which its watch
+			// now says may be back: observed now (a fresh Check decides).
+			rs.until = time.Time{}
 		}
 		wait := max(0, rs.lastFire.Add(watchRefire).Sub(now))
 		rs.lastFire = now

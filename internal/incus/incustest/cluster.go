@@ -322,6 +322,38 @@ func (m *Member) Freeze() (thaw func() error, err error) {
 	return func() error { return p.Signal(syscall.SIGCONT) }, nil
 }
 
+// Hang freezes the named member (Freeze) and waits until the cluster reports it Offline
+// (about 11 s). thaw sends SIGCONT and waits until the cluster reports it Online again;
+// the test's cleanup does so too, when the test has not (also when it fails), so the
+// member is back for the next test.
+func (c *Cluster) Hang(t testing.TB, name string) (thaw func()) {
+	t.Helper()
+	raw, err := c.Member(name).Freeze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			if err := raw(); err != nil {
+				t.Errorf("thaw %s: %v", name, err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			if err := c.WaitMembers(ctx, incus.MemberOnline, name); err != nil {
+				t.Errorf("%s back: %v", name, err)
+			}
+		})
+	}
+	t.Cleanup(thaw)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := c.WaitMembers(ctx, incus.MemberOffline, name); err != nil {
+		t.Fatal(err)
+	}
+	return thaw
+}
+
 // Restart starts a stopped member's daemon again on its directory and waits until the
 // cluster reports it online.
 func (c *Cluster) Restart(ctx context.Context, m *Member) error {
