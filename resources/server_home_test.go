@@ -29,6 +29,7 @@ server "qwen" {
   ready {
     http    = "/health"
     timeout = "30s"
+    settle  = "1s" # not the default 3 s: the test is serial (t.Setenv) and launches often
   }
   stop {
     timeout = "1s"

@@ -27,6 +27,7 @@ server "qwen" {
   ready {
     http    = "/health"
     timeout = "30s"
+    settle  = "1s" # not the default 3 s: the test is not about it
   }
   stop {
     timeout = "1s"
@@ -40,6 +41,7 @@ server "qwen" {
 // generation finds what the previous one compiled. The cache locations are not part of
 // the identity: the agent's default adds no change to a running server's plan.
 func TestServerJITCachesSurviveARelaunch(t *testing.T) {
+	t.Parallel()
 	h := newSrvState(t)
 	port := srvFreePort(t)
 	logs := filepath.Join(h.dir, "logs")
