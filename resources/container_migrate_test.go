@@ -80,7 +80,8 @@ func TestContainerTargetChangeMoves(t *testing.T) {
 // migratePlan is a container with the fake server in it. The fake comes from a host
 // directory (a disk device: the member's path, as a model's weights would), so a new
 // instance built from the image has it too; the proxy listens on the member's own
-// loopback address (members of the test cluster share this host).
+// loopback address (members of the test cluster share this host). Its settle is 1 s
+// rather than the default 3 s, as ctrSrvServer's.
 const migratePlan = `
 variable "incus_socket" {}
 variable "name" {}
@@ -120,6 +121,7 @@ server "qwen" {
   ready {
     http    = "/health"
     timeout = "20s"
+    settle  = "1s"
   }
   stop { timeout = "2s" }
   smoke_test {

@@ -3,9 +3,12 @@ package resources
 import (
 	"context"
 	"crypto/sha256"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +26,32 @@ import (
 // test (the others in this package never start it).
 var incusd = incustest.NewShared()
 
-func TestMain(m *testing.M) { os.Exit(incusCluster.Done(incusd.Run(m))) }
+func TestMain(m *testing.M) {
+	waitingParallel(waitingTests)
+	os.Exit(incusCluster.Done(incusd.Run(m)))
+}
+
+// waitingTests is how many of this package's parallel tests run at once unless
+// -parallel says otherwise. They mostly wait (fake servers starting, ready.settle, stop
+// timeouts, incusd and cluster round trips, members going offline) and little of it is
+// CPU: on a 2-core machine the package used 0.6 of a core at go test's default of
+// GOMAXPROCS (2) and took 275 s; at 4, 203 s with no test slower by more than noise; at 8,
+// 183 s but the incusd tests stretched to 1.5× (the daemons themselves get busy). It is
+// the suite's critical path, so it takes 4.
+const waitingTests = 4
+
+// waitingParallel raises -test.parallel to n when the command line did not set it and
+// go test's default (GOMAXPROCS) is lower.
+func waitingParallel(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < n {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
+}
 
 // fakeGPUs is a gpu.Observer that reports fixed GPUs.
 type fakeGPUs struct{ info gpu.Info }

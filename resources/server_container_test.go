@@ -44,7 +44,9 @@ container "c" {
 `
 
 // ctrSrvServer is the fake server in that container. Its environment and arguments
-// carry shell metacharacters: they must arrive verbatim.
+// carry shell metacharacters: they must arrive verbatim. Its settle is 1 s, not the
+// default 3 s: no test of it is about the settle period (server_verify_test.go is), and
+// the tests launch it many times.
 const ctrSrvServer = `
 variable "mem" {
   type    = number
@@ -76,6 +78,7 @@ server "qwen" {
     http     = "/health"
     log_line = "The server is fired up and ready to roll!"
     timeout  = "20s"
+    settle   = "1s"
   }
   stop {
     timeout = "1s"

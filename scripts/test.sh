@@ -23,6 +23,8 @@ sh scripts/install-etcd.sh
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 
 go vet ./...
+# ./resources, the longest package, raises its own -parallel to 4 (its tests mostly wait):
+# see its TestMain. An explicit -parallel here would override it.
 go test -count=1 -timeout 30m ./...
 
 # A few seconds of each parser's fuzz target (the seed corpora already ran above). The
