@@ -136,7 +136,11 @@ agent {
 }
 
 `, prefix, int(h.lease/time.Second)) + testbin.GroupServer{Name: "qwen", Command: "var.fake", Port: "var.port",
-		Mem: strconv.Quote(mem), Settle: h.settle, LogDir: "var.logs", Group: "qwen"}.HCL()
+		Mem: strconv.Quote(mem), Settle: h.settle, LogDir: "var.logs", Group: "qwen",
+		// A second "loading weights" (/health 503), as SGLang's start has minutes of:
+		// each restart is seen down by the sampler (sampler.check), not only its
+		// instant of stop and listen, which was as short as two samples.
+		Env: strconv.Quote("slow-start=1s")}.HCL()
 	tmp := filepath.Join(h.work, "plan.hcl.tmp")
 	if err := os.WriteFile(tmp, []byte(src), 0o644); err != nil {
 		h.t.Fatal(err)
@@ -335,22 +339,30 @@ func tail(s string, n int) string {
 }
 
 // sampler asks every server's /health every 20 ms and keeps the most down at once
-// (testbin.WatchHealth, by host name here).
+// (testbin.WatchHealth, by host name here), and each server's PID when it started.
 type sampler struct {
 	hosts []*host
+	pids  map[string]int
 	w     *testbin.HealthWatch
 }
 
 func startSampler(hosts []*host) *sampler {
 	var ports []int
+	pids := map[string]int{}
 	for _, x := range hosts {
 		ports = append(ports, x.port)
+		pids[x.name] = x.serverPID()
 	}
-	return &sampler{hosts: hosts, w: testbin.WatchHealth(ports, 20*time.Millisecond)}
+	return &sampler{hosts: hosts, pids: pids, w: testbin.WatchHealth(ports, 20*time.Millisecond)}
 }
 
 // check stops the sampler and fails the test if more than limit were down at once; it
-// returns the most down at once.
+// returns the most down at once. Every test here rolls a change across every host, so
+// it also fails unless each host's server restarted (its recorded PID changed) and the
+// sampler saw it down (no answer, or not 200) at least once: a sampler that saw
+// nothing, or a rollout that restarted nothing, would pass the limit unnoticed. A
+// restart cannot slip between two samples: each new server loads for a second
+// (/health 503) before it serves.
 func (s *sampler) check(t *testing.T, limit int) int {
 	t.Helper()
 	r := s.w.Stop()
@@ -371,6 +383,13 @@ func (s *sampler) check(t *testing.T, limit int) int {
 		peakAt = fmt.Sprintf("%v at %s", at, r.PeakTime.Format(time.StampMilli))
 	}
 	t.Logf("sampler: %d samples every 20 ms, down samples per host %v, most down at once %d (%s)", r.Samples, downs, r.Peak, peakAt)
+	for _, x := range s.hosts {
+		if pid := x.serverPID(); pid == s.pids[x.name] {
+			t.Errorf("%s's server never restarted (pid %d throughout)", x.name, pid)
+		} else if downs[x.name] == 0 {
+			t.Errorf("%s's server restarted (pid %d → %d) but the sampler never saw it down in %d samples", x.name, s.pids[x.name], pid, r.Samples)
+		}
+	}
 	if r.Peak > limit {
 		t.Errorf("%d servers of the group were down at once (%s); max_unavailable is %d", r.Peak, peakAt, limit)
 		for _, x := range s.hosts {
