@@ -75,4 +75,7 @@ func TestHungMemberQuietUnderRun(t *testing.T) {
 		return count(back) == 1 && r.Status != nil && r.Status.Healthy
 	})
 	t.Logf("the container healthy %s after the cluster reported m2 Online", time.Since(online).Round(time.Millisecond))
+	waitLong(t, "the recovery logged", 10*time.Second, func() bool {
+		return count(`msg="converged again: its last failure cleared without a change" resource=container.c`) == 1
+	})
 }

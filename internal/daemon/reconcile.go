@@ -358,6 +358,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 	// Drift is what stands after the reconcile: a verified repair leaves none, an orphan
 	// the loop does not prune (a warning) or a failure leaves it.
 	d.metrics.drift.WithLabelValues(addr, kindOf(addr)).Set(map[bool]float64{false: 0, true: 1}[drift && (st.Err != nil || !st.Applied)])
+	failing := rs.step != nil && rs.step.Err != nil // its last reconcile failed
 	rs.step, rs.done, rs.gen = st, now, gen
 	next := d.resync()
 	stable := orDefault(d.cfg.Stable, DefaultStable)
@@ -385,6 +386,11 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 					"verified_for", after.Round(100*time.Millisecond).String(), "failures", rs.failures,
 					"wait", time.Until(rs.until).Round(time.Millisecond).String())
 			}
+		}
+		if failing && !st.Applied {
+			// What failed cleared without a change (a cluster member back, a host
+			// that has room again): said once, so that the log does not end at the failure.
+			d.log.Info("converged again: its last failure cleared without a change", "resource", addr)
 		}
 		if st.Applied || rs.verified.IsZero() {
 			rs.verified = now // a new generation: its stable period starts
