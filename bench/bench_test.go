@@ -5,6 +5,7 @@
 package bench
 
 import (
+	"github.com/agent-dev/agent/internal/testbin"
 	"os"
 	"os/exec"
 	"regexp"
@@ -14,9 +15,7 @@ import (
 )
 
 func TestRepairBenchShortVersion(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the agent and runs it: not in -short")
-	}
+	testbin.Long(t, "builds the agent and runs it")
 	cmd := exec.Command("bash", "repair.sh")
 	cmd.Env = append(os.Environ(), "RUNS=1", "BLOB_MIB=8", "RATE_KIB=512", "IDLE_SECONDS=0")
 	done := make(chan struct{})

@@ -645,9 +645,7 @@ func TestNextLink(t *testing.T) {
 // checkpoint (checkpoint_every = 64 KiB here). It runs the single stream (connections = 1);
 // the ranges' kill test is fetch's TestKillWithRangesInFlight.
 func TestDownloadSurvivesSIGKILL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the agent binary")
-	}
+	testbin.Long(t, "builds the agent binary")
 	t.Parallel()
 	bin := testbin.Agent(t)
 	dir := t.TempDir()

@@ -2,6 +2,7 @@ package resources
 
 import (
 	"errors"
+	"github.com/agent-dev/agent/internal/testbin"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,12 +13,13 @@ import (
 // Issue 6 point 4: the agent builds with CGO_ENABLED=0 (no NVML) and, pointed at a fake
 // host root, validates and reports an nvidia_driver through the procfs fallback.
 func TestDriverAgentWithoutCGO(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the agent")
-	}
+	testbin.Long(t, "builds the agent")
 	t.Parallel()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no go command on PATH")
+		}
 		t.Skip("no go command")
 	}
 	bin := filepath.Join(t.TempDir(), "agent")

@@ -31,6 +31,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"github.com/agent-dev/agent/internal/testbin"
 	"maps"
 	"os"
 	"path/filepath"
@@ -56,9 +57,7 @@ const ctrMaxDelay = 1000 * time.Millisecond
 
 func TestChaosContainer(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("chaos: not in -short")
-	}
+	testbin.Long(t, "chaos")
 	d := incusd.Start(t) // before newChaos: NoLeaks then judges after the instance's cleanup
 	name := d.InstanceName(t)
 	c := newChaos(t, "chaos container", "CHAOS_KILLS", 50)

@@ -60,9 +60,7 @@ type chaosTest struct {
 // and builds the agent.
 func newChaos(t *testing.T, name, killsEnv string, defKills int) *chaosTest {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("chaos: not in -short")
-	}
+	testbin.Long(t, "chaos")
 	c := &chaosTest{t: t, name: name, killsEnv: killsEnv, kills: envCount(t, killsEnv, defKills), step: "setup"}
 	c.seed = time.Now().UnixNano()
 	if v := os.Getenv("CHAOS_SEED"); v != "" {

@@ -62,9 +62,7 @@ type host struct {
 // hosts; start launches their agents.
 func newHarness(t *testing.T, members, n int, lease time.Duration, settle string) *harness {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs etcd, three agents and three servers")
-	}
+	testbin.Long(t, "runs etcd, three agents and three servers")
 	h := &harness{t: t, work: t.TempDir(), lease: lease, settle: settle}
 	h.etcd = etcdtest.Start(t, members, etcdtest.Options{})
 	h.agentBin, h.fakeBin = testbin.Agent(t), testbin.FakeSGLang(t)

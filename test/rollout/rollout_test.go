@@ -72,9 +72,7 @@ func serverPID(t *testing.T, state, m string) int {
 }
 
 func TestRolloutEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the agent and runs three servers")
-	}
+	testbin.Long(t, "builds the agent and runs three servers")
 	work := t.TempDir()
 	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 	state := filepath.Join(work, "state")

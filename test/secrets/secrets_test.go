@@ -39,9 +39,7 @@ const (
 )
 
 func TestPlantedSecretsAppearNowhere(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the agent")
-	}
+	testbin.Long(t, "builds the agent")
 	work := t.TempDir()
 	agentBin, fakeBin := testbin.Agent(t), testbin.FakeSGLang(t)
 

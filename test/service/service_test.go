@@ -78,9 +78,7 @@ server "qwen" {
 // TestInstalledService installs the package under a real systemd and walks through what
 // an operator does to agent.service.
 func TestInstalledService(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a Debian container and installs the package")
-	}
+	testbin.Long(t, "boots a Debian container and installs the package")
 	d := incusd.Start(t)
 	image := d.DebianImage(t)
 	deb := buildDeb(t, "")
