@@ -328,8 +328,8 @@ func (s *Server) checkReady(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	why := s.notReady(ctx, lc, rec)
 	now := env.Now()
 	if why == "" {
-		if v, evidence, since, _, _, ok := livenessVerdict(env, rec); ok && v == lifecycle.Wedged {
-			return s.wedgedDiff(rec, evidence, since), nil
+		if now, ok := livenessVerdict(env, rec); ok && now.verdict == lifecycle.Wedged {
+			return s.wedgedDiff(rec, now.evidence, now.since), nil
 		}
 		d := agent.NoChange()
 		if !rec.UnreadySince.IsZero() {

@@ -118,34 +118,41 @@ type serverLiveness struct {
 	wedged   chan struct{} // closed once the verdict is Wedged
 }
 
+// livenessKey names env's server in the book: its state directory and address.
+func livenessKey(env *agent.Env) string { return env.State.Dir() + "\x00" + env.Addr }
+
 // livenessOf is the judgement of env's server, made on first use.
 func livenessOf(env *agent.Env) *serverLiveness {
-	key := env.State.Dir() + "\x00" + env.Addr
-	if l, ok := livenessBook.Load(key); ok {
-		return l.(*serverLiveness)
-	}
-	l, _ := livenessBook.LoadOrStore(key, &serverLiveness{})
+	l, _ := livenessBook.LoadOrStore(livenessKey(env), &serverLiveness{})
 	return l.(*serverLiveness)
+}
+
+// livenessNow is what the watch concluded of one generation so far.
+type livenessNow struct {
+	verdict  lifecycle.Verdict
+	evidence string
+	since    time.Time
+	cfg      lifecycle.Liveness
+	failed   int // probes failed in a row
 }
 
 // livenessVerdict is what the watch concluded of rec's generation so far; ok is false
 // when it has not judged it (no `agent run`, no check, another generation).
-func livenessVerdict(env *agent.Env, rec *serverRecord) (v lifecycle.Verdict, evidence string, since time.Time, cfg lifecycle.Liveness, failed int, ok bool) {
+func livenessVerdict(env *agent.Env, rec *serverRecord) (now livenessNow, ok bool) {
 	if env.State == nil {
-		return
+		return now, false
 	}
-	key := env.State.Dir() + "\x00" + env.Addr
-	x, found := livenessBook.Load(key)
+	x, found := livenessBook.Load(livenessKey(env))
 	if !found {
-		return
+		return now, false
 	}
 	l := x.(*serverLiveness)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.id != rec.id() || l.watch == nil {
-		return
+		return now, false
 	}
-	return l.verdict, l.evidence, l.since, l.cfg, l.watch.Failed(), true
+	return livenessNow{verdict: l.verdict, evidence: l.evidence, since: l.since, cfg: l.cfg, failed: l.watch.Failed()}, true
 }
 
 // startLiveness readies the judgement of rec's generation, whose log the agent reads at
@@ -309,7 +316,7 @@ func (s *Server) statusLiveness(field func(agent.Field), metrics map[string]floa
 	if !ready {
 		return nil
 	}
-	v, evidence, since, cfg, failed, ok := livenessVerdict(env, rec)
+	now, ok := livenessVerdict(env, rec)
 	if !ok {
 		switch {
 		case s.liveness.off:
@@ -320,18 +327,18 @@ func (s *Server) statusLiveness(field func(agent.Field), metrics map[string]floa
 		}
 		return nil
 	}
-	metrics["liveness_failed_probes"] = float64(failed)
-	switch v {
+	metrics["liveness_failed_probes"] = float64(now.failed)
+	switch now.verdict {
 	case lifecycle.Alive:
-		field(agent.TextField("liveness", "liveness", "alive: "+describeLiveness(cfg)))
+		field(agent.TextField("liveness", "liveness", "alive: "+describeLiveness(now.cfg)))
 		return nil
 	case lifecycle.Wedged:
-		field(agent.TextField("liveness", "liveness", "wedged since "+agent.HumanTime(since)+": "+evidence))
+		field(agent.TextField("liveness", "liveness", "wedged since "+agent.HumanTime(now.since)+": "+now.evidence))
 		return []string{"engine wedged: relaunched at the next reconcile"}
 	}
-	field(agent.TextField("liveness", "liveness", "degraded since "+agent.HumanTime(since)+": "+evidence))
-	problem := fmt.Sprintf("liveness probe %s failed %d in a row", cfg.Path, failed)
-	if strings.Contains(evidence, "making progress") {
+	field(agent.TextField("liveness", "liveness", "degraded since "+agent.HumanTime(now.since)+": "+now.evidence))
+	problem := fmt.Sprintf("liveness probe %s failed %d in a row", now.cfg.Path, now.failed)
+	if strings.Contains(now.evidence, "making progress") {
 		problem += ", but the engine is making progress: slow, not wedged"
 	}
 	return []string{problem}
