@@ -65,18 +65,12 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 // and what Apply needs to det.
 func (k *Container) observe(ctx context.Context, env *agent.Env, rec containerRecord) (*agent.Diff, error) {
 	c := k.client(env)
-	if _, derr := downMember(ctx, c, k.name); derr != nil {
-		return nil, derr
-	}
-	inst, _, err := c.GetInstance(ctx, k.name)
+	inst, _, err := getInstance(ctx, c, k.name)
 	if incus.IsNotFound(err) {
 		return k.createDiff(ctx, c)
 	}
-	if _, oerr := offlineMember(ctx, c, k.name, err); oerr != nil {
-		return nil, oerr
-	}
 	if err != nil {
-		return nil, reachErr(c, err)
+		return nil, err
 	}
 	if member := instanceMember(inst); member != "" && k.target != "" && member != k.target {
 		if err := memberOnline(ctx, c, member, k.name); err != nil {

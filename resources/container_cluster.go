@@ -54,11 +54,56 @@ func memberOnline(ctx context.Context, c *incus.Client, member, instance string)
 		return reachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
 	}
 	if !m.Online() {
-		return agent.Unavailable(fmt.Errorf("%s: instance %s on it can be neither observed nor changed until it is back (incus cluster list; start its incusd, or evacuate and restore it)",
-			m.Describe(), instance))
+		return memberDownErr(m, instance)
 	}
 	memberSeen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
 	return nil
+}
+
+// memberDownErr is what a member the cluster reports not online means for an instance
+// on it, with the fix.
+func memberDownErr(m *incus.ClusterMember, instance string) error {
+	return agent.Unavailable(fmt.Errorf("%s: instance %s on it can be neither observed nor changed until it is back (incus cluster list; start its incusd, or evacuate and restore it)",
+		m.Describe(), instance))
+}
+
+// getInstance reads an instance the way observe and status need it on a cluster: the
+// member holding it is asked about first (memberOnline), and the read, which the cluster
+// forwards to that member, runs under incus.WhileOnline, so that a member whose incusd
+// hung just before the read returns the cluster's word on it within a second of the
+// cluster reporting it Offline. Unguarded, such a read hangs until the member is back
+// (measured: 84 s, as long as it was frozen) or the step's deadline ends it with
+// "context deadline exceeded", and no watch runs meanwhile (issue 26's CI run: a resync
+// that began while m2 still read Online held the container's reconcile for 30 s).
+// member is set when err is the member's being down; a missing instance is err as
+// Incus gives it (incus.IsNotFound).
+func getInstance(ctx context.Context, c *incus.Client, name string) (inst *incus.Instance, member string, err error) {
+	read := func(ctx context.Context) (err error) {
+		inst, _, err = c.GetInstance(ctx, name)
+		return err
+	}
+	if member, _ = c.InstanceMember(ctx, name); member == "" || member == "none" {
+		member, err = "", read(ctx) // not on a cluster, or the cluster cannot say
+	} else if err = memberOnline(ctx, c, member, name); err != nil {
+		return nil, member, err // down (agent.Unavailable), or the cluster did not answer
+	} else {
+		err = c.WhileOnline(ctx, member, read)
+	}
+	if fell, ok := errors.AsType[*incus.MemberFellError](err); ok {
+		err = memberDownErr(fell.Member, name)
+	}
+	switch {
+	case err == nil:
+		return inst, "", nil
+	case incus.IsNotFound(err):
+		return nil, "", err
+	case agent.IsUnavailable(err):
+		return nil, member, err
+	}
+	if down, oerr := offlineMember(ctx, c, name, err); oerr != nil {
+		return nil, down, oerr
+	}
+	return nil, "", reachErr(c, err)
 }
 
 // checkTarget checks, before a create, that the target is an online member of the

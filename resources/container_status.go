@@ -20,18 +20,15 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		return nil, err
 	}
 	c := k.client(env)
-	if member, derr := downMember(ctx, c, k.name); derr != nil {
-		return &agent.Status{Summary: derr.Error(), Fields: []agent.Field{agent.TextField("status", "status", "unknown"), agent.TextField(agent.MemberField, "member", member)}}, nil
-	}
-	inst, _, err := c.GetInstance(ctx, k.name)
+	inst, member, err := getInstance(ctx, c, k.name)
 	if incus.IsNotFound(err) {
 		return &agent.Status{Healthy: false, Summary: "instance " + k.name + " does not exist"}, nil
 	}
-	if member, oerr := offlineMember(ctx, c, k.name, err); oerr != nil {
-		return &agent.Status{Summary: oerr.Error(), Fields: []agent.Field{agent.TextField("status", "status", "unknown"), agent.TextField(agent.MemberField, "member", member)}}, nil
+	if err != nil && member != "" && agent.IsUnavailable(err) {
+		return &agent.Status{Summary: err.Error(), Fields: []agent.Field{agent.TextField("status", "status", "unknown"), agent.TextField(agent.MemberField, "member", member)}}, nil
 	}
 	if err != nil {
-		return nil, reachErr(c, err)
+		return nil, err
 	}
 	st := &agent.Status{Fields: []agent.Field{agent.TextField("status", "status", inst.Status)}}
 	if member := instanceMember(inst); member != "" {

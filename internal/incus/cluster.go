@@ -204,7 +204,24 @@ func (c *Client) JoinCluster(ctx context.Context, token JoinToken, address, clus
 // cluster's database for a member that is offline, where GET /1.0/instances/{name}
 // fails with a 500 ("Server isn't ready yet", "Missing event connection with target
 // cluster member"). A missing instance is a 404 *Error.
+//
+// The list asks every member the cluster reports online, so a member whose daemon hangs
+// but has not yet missed its heartbeats holds it up to the cluster's own 30 s limit (in
+// CI, a container's whole reconcile). The list runs under WhileOnline: once the cluster
+// reports such a member fallen, it is asked again, and answered from the database.
 func (c *Client) InstanceMember(ctx context.Context, name string) (string, error) {
+	var member string
+	err := c.WhileOnline(ctx, "", func(ctx context.Context) (err error) {
+		member, err = c.instanceMember(ctx, name)
+		return err
+	})
+	if _, ok := errors.AsType[*MemberFellError](err); ok {
+		return c.instanceMember(ctx, name)
+	}
+	return member, err
+}
+
+func (c *Client) instanceMember(ctx context.Context, name string) (string, error) {
 	var list []Instance
 	q := url.Values{"recursion": {"1"}, "filter": {"name eq " + name}}
 	if _, err := c.get(ctx, "/1.0/instances?"+q.Encode(), &list); err != nil {
@@ -216,4 +233,80 @@ func (c *Client) InstanceMember(ctx context.Context, name string) (string, error
 		}
 	}
 	return "", &Error{Method: http.MethodGet, Path: "/1.0/instances", Status: http.StatusNotFound, Message: "instance " + name + " not found"}
+}
+
+// MemberFellError is WhileOnline's error when a member the cluster reported online fell
+// while the call was in flight: Member is the cluster's word on it now.
+type MemberFellError struct{ Member *ClusterMember }
+
+func (e *MemberFellError) Error() string {
+	return e.Member.Describe() + ", and a call forwarded to it was abandoned"
+}
+
+// MemberGuardEvery is how often WhileOnline asks the cluster about its members while a
+// call is in flight: one GET the cluster's database answers, and most calls end before
+// the first.
+const MemberGuardEvery = time.Second
+
+// WhileOnline runs f, a call the cluster forwards to member ("": to every member, as
+// the instance list does), and ends it with a *MemberFellError as soon as the cluster
+// reports that member (with "", any member online when f began) no longer online. A
+// call forwarded to a member whose incusd hangs does not end when the cluster marks the
+// member Offline: it waits until the member is back (measured: as long as it was
+// frozen), or for the cluster's own limit where it has one. On a daemon that is not in
+// a cluster, or when the cluster does not answer, f runs unguarded.
+func (c *Client) WhileOnline(ctx context.Context, member string, f func(context.Context) error) error {
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		online := map[string]bool{} // the members to watch, as found online at the start
+		first := true
+		t := time.NewTicker(MemberGuardEvery)
+		defer t.Stop()
+		for {
+			ms, err := c.membersNamed(fctx, member)
+			if err != nil && first {
+				return // not a cluster, or no answer: nothing to guard with
+			}
+			for _, m := range ms {
+				switch {
+				case first && m.Online():
+					online[m.ServerName] = true
+				case online[m.ServerName] && !m.Online():
+					cancel(&MemberFellError{Member: &m})
+					return
+				}
+			}
+			first = false
+			select {
+			case <-done:
+				return
+			case <-fctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	err := f(fctx)
+	if fell, ok := errors.AsType[*MemberFellError](context.Cause(fctx)); ok && err != nil {
+		return fell
+	}
+	return err
+}
+
+// membersNamed is the named member, or every member for "", under a deadline of its own
+// (the member the client talks to may itself be the one that hangs).
+func (c *Client) membersNamed(ctx context.Context, name string) ([]ClusterMember, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if name == "" {
+		return c.ClusterMembers(ctx)
+	}
+	m, err := c.ClusterMember(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return []ClusterMember{*m}, nil
 }

@@ -328,6 +328,20 @@ func (m *Member) Freeze() (thaw func() error, err error) {
 // member is back for the next test.
 func (c *Cluster) Hang(t testing.TB, name string) (thaw func()) {
 	t.Helper()
+	thaw = c.Freeze(t, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := c.WaitMembers(ctx, incus.MemberOffline, name); err != nil {
+		t.Fatal(err)
+	}
+	return thaw
+}
+
+// Freeze is Hang without the wait: it returns as soon as the member's incusd is
+// stopped, while the cluster still reports it Online (until its heartbeats are missed),
+// the window in which a call forwarded to it hangs.
+func (c *Cluster) Freeze(t testing.TB, name string) (thaw func()) {
+	t.Helper()
 	raw, err := c.Member(name).Freeze()
 	if err != nil {
 		t.Fatal(err)
@@ -346,11 +360,6 @@ func (c *Cluster) Hang(t testing.TB, name string) (thaw func()) {
 		})
 	}
 	t.Cleanup(thaw)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := c.WaitMembers(ctx, incus.MemberOffline, name); err != nil {
-		t.Fatal(err)
-	}
 	return thaw
 }
 
