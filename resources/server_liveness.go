@@ -166,7 +166,7 @@ func (s *Server) startLiveness(env *agent.Env, rec *serverRecord, logPath string
 		l.id, l.gen, l.logPath, l.watch, l.follow, l.cfg = rec.id(), rec.Generation, logPath, nil, nil, lifecycle.Liveness{}
 		l.wedged = make(chan struct{})
 		if logPath != "" {
-			l.follow = lifecycle.FollowLog(logPath)
+			l.follow = lifecycle.LogOf(logPath) // shared with status's reads of it
 		}
 	}
 	var d engines.Dialect

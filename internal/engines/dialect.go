@@ -231,6 +231,11 @@ func NewScanner(loc *time.Location, now time.Time) *Scanner {
 	return &Scanner{s: scanner{votes: tally{}, loc: loc, now: now, phases: newPhaseScan(loc, now)}}
 }
 
+// SetNow sets the time that vLLM's month-day times of the lines to come take their year
+// from: a scanner that follows a log for days reads each line near its own now (a
+// scanner started in the morning took a line of the afternoon for last year's).
+func (s *Scanner) SetNow(now time.Time) { s.s.now, s.s.phases.now = now, now }
+
 // Line folds one line (its newline optional).
 func (s *Scanner) Line(raw string) { s.s.line(raw) }
 

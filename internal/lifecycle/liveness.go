@@ -1,15 +1,12 @@
 package lifecycle
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/internal/engines"
@@ -275,85 +272,4 @@ func (w *LivenessWatch) describe() string {
 		parts[i] = p.String()
 	}
 	return strings.Join(parts, "; ")
-}
-
-// followChunk bounds what one LogFollower.Read scans: a log that grew by more since the
-// last look is caught up over the next reads.
-const followChunk = 16 << 20
-
-// LogFollower reads one generation's growing log for a liveness watch: each Read scans
-// only the lines appended since the last one (engines.Scanner), so that a log of a week
-// costs nothing per probe. It is safe for concurrent use (probes overlap).
-type LogFollower struct {
-	mu   sync.Mutex
-	path string
-	off  int64
-	part []byte // the unfinished last line
-	long bool   // the unfinished line passed engines' line limit: skipped
-	sc   *engines.Scanner
-}
-
-// FollowLog starts following the log at path from its beginning.
-func FollowLog(path string) *LogFollower {
-	return &LogFollower{path: path, sc: engines.NewScanner(time.Local, time.Now())}
-}
-
-// Read scans what the log grew by and returns what the whole log shows so far, and the
-// engine its lines come from (ok false while none said).
-func (f *LogFollower) Read() (m engines.Metrics, d engines.Dialect, ok bool, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	file, err := os.Open(f.path)
-	if err != nil {
-		return m, "", false, err
-	}
-	defer file.Close()
-	if st, err := file.Stat(); err == nil && st.Size() < f.off {
-		// Truncated or replaced: what it holds now is another text.
-		f.off, f.part, f.long, f.sc = 0, nil, false, engines.NewScanner(time.Local, time.Now())
-	}
-	if _, err := file.Seek(f.off, io.SeekStart); err != nil {
-		return m, "", false, err
-	}
-	buf := make([]byte, 64<<10)
-	for read := 0; read < followChunk; {
-		n, rerr := file.Read(buf)
-		read += n
-		f.off += int64(n)
-		f.feed(buf[:n])
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return m, "", false, rerr
-		}
-	}
-	d, ok = f.sc.Dialect()
-	return f.sc.Metrics(), d, ok, nil
-}
-
-// feed splits data into lines, keeping an unfinished last one for the next read.
-func (f *LogFollower) feed(data []byte) {
-	const maxLine = 1 << 20 // as engines' scanner: longer lines (a tqdm bar) are skipped
-	for len(data) > 0 {
-		i := bytes.IndexByte(data, '\n')
-		chunk := data
-		if i >= 0 {
-			chunk = data[:i]
-		}
-		if !f.long {
-			f.part = append(f.part, chunk...)
-			if len(f.part) > maxLine {
-				f.long, f.part = true, f.part[:0]
-			}
-		}
-		if i < 0 {
-			return
-		}
-		if !f.long {
-			f.sc.Line(string(f.part))
-		}
-		f.part, f.long = f.part[:0], false
-		data = data[i+1:]
-	}
 }

@@ -2,7 +2,6 @@ package lifecycle
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -237,16 +236,6 @@ func Failure(path string) (engines.Failure, bool) {
 		return engines.Failure{}, false
 	}
 	return engines.DetectFailure(lines)
-}
-
-// ScanLog reads the serving state from one generation's log.
-func ScanLog(ctx context.Context, path string) (engines.Metrics, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return engines.Metrics{}, err
-	}
-	defer f.Close()
-	return engines.ScanMetrics(ctx, f)
 }
 
 // lineWatch finds a line in a growing file, reading only what was appended.
