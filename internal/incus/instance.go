@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -221,9 +222,43 @@ type stateChange struct {
 	Stateful bool   `json:"stateful"`
 }
 
-// Start starts the instance and waits until Incus reports it started.
+// Start starts the instance and waits until Incus reports it started. When LXC fails to
+// start it, Incus says only "Failed to run: incusd forkstart …: exit status 1"; LXC's own
+// log says why, and its last lines are added to the error. Such a start is tried once
+// more first: on a loaded machine (CI, 2 cores) a start of a busybox container failed
+// after 24 s once, and starting a stopped instance is harmless to repeat.
 func (c *Client) Start(ctx context.Context, name string) error {
-	return c.changeState(ctx, name, stateChange{Action: "start"}, StatusRunning)
+	start := stateChange{Action: "start"}
+	err := c.changeState(ctx, name, start, StatusRunning)
+	if err == nil || !strings.Contains(err.Error(), "forkstart") || ctx.Err() != nil {
+		return err
+	}
+	first := c.lxcLog(ctx, name)
+	if again := c.changeState(ctx, name, start, StatusRunning); again == nil {
+		return nil
+	} else if log := c.lxcLog(ctx, name); log != "" {
+		first = log
+	}
+	if first == "" {
+		return err
+	}
+	return fmt.Errorf("%w (tried twice)\nlxc.log errors:\n%s", err, first)
+}
+
+// lxcLog is the first ERROR lines of the instance's LXC log (GET …/logs/lxc.log), the
+// first being the cause and the rest its echoes; "" when it cannot be read.
+func (c *Client) lxcLog(ctx context.Context, name string) string {
+	b, err := c.readAll(ctx, request{method: http.MethodGet, path: instancePath(name) + "/logs/lxc.log"}, 1<<20)
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, " ERROR ") && len(errs) < 6 {
+			errs = append(errs, strings.TrimRight(line, "\n"))
+		}
+	}
+	return strings.Join(errs, "\n")
 }
 
 // Stop shuts the instance down cleanly (the init process gets the halt

@@ -377,3 +377,33 @@ func TestIntegrationStopTimeout(t *testing.T) {
 		t.Fatalf("after kill: %+v %v", st, err)
 	}
 }
+
+// A start LXC refuses says why: Incus's "Failed to run: incusd forkstart …: exit status
+// 1" comes with the errors of the instance's lxc.log, after a second try.
+func TestIntegrationFailedStartQuotesLXC(t *testing.T) {
+	d := incusd.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := d.InstanceName(t)
+	missing := t.TempDir() + "/missing"
+	err := d.Client.CreateInstance(ctx, incus.InstancesPost{
+		Name:   name,
+		Source: incus.InstanceSource{Alias: d.Image},
+		InstancePut: incus.InstancePut{Profiles: []string{"default"}, Config: map[string]string{
+			"raw.lxc": "lxc.mount.entry = " + missing + " mnt none bind,create=dir 0 0",
+		}},
+	})
+	if err != nil {
+		t.Fatalf("create: %v\n%s", err, d.LogTail(20))
+	}
+	err = d.Client.Start(ctx, name)
+	if err == nil {
+		t.Fatal("a start whose mount source is missing succeeded")
+	}
+	t.Logf("start: %v", err)
+	for _, want := range []string{"forkstart", "(tried twice)", "lxc.log errors:", missing} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error lacks %q", want)
+		}
+	}
+}
