@@ -224,15 +224,7 @@ func TestServerInContainerOnClusterMember(t *testing.T) {
 		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
 	}
 	h.exec("ip", "link", "set", "lo", "up")
-	f, err := os.Open(staticFakeSGLang(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = c.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushFakeSGLang(t, c.Client, h.name)
 	rep := engine().Apply(ctx, nil)
 	for _, st := range rep.Steps {
 		if st.Err != nil {

@@ -23,6 +23,20 @@ import (
 // staticFakeSGLang is the fake SGLang server, static so it runs inside busybox.
 func staticFakeSGLang(t *testing.T) string { return testbin.FakeSGLang(t) }
 
+// pushFakeSGLang installs the static fake SGLang in the instance as /usr/bin/fake-sglang
+// (the test image has no Go runtime, and no libc for a dynamic one).
+func pushFakeSGLang(t *testing.T, c *incus.Client, instance string) {
+	t.Helper()
+	f, err := os.Open(staticFakeSGLang(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := c.PushFile(context.Background(), instance, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // ctrSrvContainer is the container block: busybox with a proxy device from a loopback
 // port of the host to the server's port inside.
 const ctrSrvContainer = `
@@ -204,15 +218,7 @@ func TestServerInContainer(t *testing.T) {
 	if st := h.plan(); st.Err != nil || st.Diff.Action != agent.Create {
 		t.Fatalf("first plan: %v %+v", st.Err, st.Diff)
 	}
-	f, err := os.Open(staticFakeSGLang(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.d.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushFakeSGLang(t, h.d.Client, h.name)
 
 	// Launch: recorded with its host PID and start time, its own session and group.
 	mustOK(t, h.apply())
@@ -376,15 +382,7 @@ func TestServerInContainerForeignAndAdopted(t *testing.T) {
 		t.Fatalf("container apply: %v", st.Err)
 	}
 	h.exec("ip", "link", "set", "lo", "up")
-	f, err := os.Open(staticFakeSGLang(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.d.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushFakeSGLang(t, h.d.Client, h.name)
 	detached := func(env map[string]string, argv ...string) {
 		t.Helper()
 		cmd := append([]string{"sh", "-c", `setsid "$@" </dev/null >/dev/null 2>&1 &`, "sh"}, argv...)

@@ -2,14 +2,12 @@ package resources
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/incus"
 )
 
 // A server in a container on a cluster member whose incusd hangs (SIGSTOP) is observed
@@ -34,15 +32,7 @@ func TestServerInContainerOnAHungMember(t *testing.T) {
 		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
 	}
 	h.exec("ip", "link", "set", "lo", "up")
-	f, err := os.Open(staticFakeSGLang(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = c.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushFakeSGLang(t, c.Client, h.name)
 	mustOK(t, h.step(engine().Apply(ctx, nil)))
 	if st := h.step(engine().Status(ctx)); st.Err != nil || !st.Status.Healthy || st.Status.Member() != "m2" {
 		t.Fatalf("status before: %v %+v", st.Err, st.Status)

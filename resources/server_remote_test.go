@@ -3,7 +3,6 @@ package resources
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,15 +46,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
 	}
 	h.exec("ip", "link", "set", "lo", "up")
-	f, err := os.Open(staticFakeSGLang(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = c.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushFakeSGLang(t, c.Client, h.name)
 	// The runner's own choice: remote through m1's socket, /proc through m2's.
 	for sock, want := range map[*incus.Client]bool{c.Client: true, m2.Client: false} {
 		r := &lifecycle.Incus{Client: sock, Instance: h.name}

@@ -2,13 +2,11 @@ package resources
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/proc"
 )
 
@@ -23,15 +21,7 @@ func TestWatchNoticesAServerDyingInAContainer(t *testing.T) {
 		t.Fatalf("container apply: %v\n%s", st.Err, h.d.LogTail(20))
 	}
 	h.exec("ip", "link", "set", "lo", "up")
-	f, err := os.Open(staticFakeSGLang(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.d.Client.PushFile(ctx, h.name, "/usr/bin/fake-sglang", f, incus.FileInfo{Mode: 0o755})
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushFakeSGLang(t, h.d.Client, h.name)
 	mustOK(t, h.apply())
 	first := h.record()
 
