@@ -16,10 +16,7 @@ import (
 // changes), not the finished step's action and changes.
 func TestStatusDuringALaunchSaysWhatHappensNow(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	src := serverPlan + `
 file "after" {
   path       = "${var.root}/after"

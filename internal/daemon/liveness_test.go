@@ -14,16 +14,24 @@ import (
 	"github.com/agent-dev/agent/internal/view"
 )
 
+// fakeRoot is the fake SGLang's binary and a root for a test's servers: the test fails
+// if a process of the root outlives it, and its servers are killed when it ends.
+func fakeRoot(t *testing.T) (fake, root string) {
+	t.Helper()
+	fake, root = testbin.FakeSGLang(t), t.TempDir()
+	testbin.NoLeaks(t, root)
+	t.Cleanup(func() { testbin.KillServers(root) })
+	return fake, root
+}
+
 // runFake runs the loop on src with a fake SGLang server (vars: more of the plan's
 // variables; fake, root and port are set) until the test ends, and kills what it left.
 // It returns the loop's base URL, its log and its state directory.
 func runFake(t *testing.T, src string, interval time.Duration, vars ...string) (string, *syncBuffer, string) {
 	t.Helper()
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	stateDir := ""
-	vars = append([]string{"fake=" + testbin.FakeSGLang(t), "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))}, vars...)
+	vars = append([]string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))}, vars...)
 	base, logs := runReal(t, src, vars, func(c *Config) {
 		stateDir = c.StateDir
 		if interval > 0 {

@@ -57,10 +57,7 @@ file "broken" {
 func TestLogExplainsStartRestartsStopsAndDebug(t *testing.T) {
 	t.Parallel()
 	const oldToken, newToken = "hf_OldTokenValue1234", "hf_NewTokenValue5678"
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	logs := &syncBuffer{}
 	var planPath, stateDir string
 	base, _ := runReal(t, strings.Replace(tokenPlan, "TOKEN", oldToken, 1), []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},

@@ -16,10 +16,7 @@ import (
 // for 2 s), and in /status as the status's series.
 func TestStartPhasesInMetrics(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=slow-start=2s", "settle=200ms"}, nil)
 	ready := regexp.MustCompile(`(?m)^agent_server_start_phase_seconds\{kind="server",name="qwen",phase="ready",resource="server.qwen"\} [0-9.e+-]+$`)
 	weights := regexp.MustCompile(`(?m)^agent_server_start_phase_seconds\{kind="server",name="qwen",phase="weights_loaded",resource="server.qwen"\} ([0-9.e+-]+)$`)

@@ -215,10 +215,7 @@ server "qwen" {
 // (the bound), while the download goes on.
 func TestServerKilledDuringADownloadIsRepairedAtOnce(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	body := make([]byte, 24<<20)
 	for i := range body {
 		body[i] = byte(i * 7)
@@ -283,10 +280,7 @@ download "blob" {
 // (jittered, doubling backoff), and its status quotes each generation's log.
 func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	base, _ := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=oom"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
 	var r *view.JSONResource
@@ -350,10 +344,7 @@ func TestCrashLoopBacksOffAndQuotesEachGeneration(t *testing.T) {
 // the next ones wait a growing backoff, and the status quotes each dead generation's log.
 func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "faults=crash-after=1s", "settle=200ms"},
 		func(c *Config) { c.BackoffMin = 2 * time.Second; c.BackoffMax = time.Minute })
 	var r *view.JSONResource
@@ -391,10 +382,7 @@ func TestCrashAfterReadyIsACrashLoop(t *testing.T) {
 // hour here); the loop's Check then records it unready, within its unhealthy_grace.
 func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t))},
 		func(c *Config) { stateDir = c.StateDir; c.Interval = time.Hour })
@@ -428,10 +416,7 @@ func TestReadinessRegressionIsNoticedBetweenResyncs(t *testing.T) {
 // waits it out, and says so.
 func TestBackoffAfterAVerifiedRepairStillReportsHealthy(t *testing.T) {
 	t.Parallel()
-	fake := testbin.FakeSGLang(t)
-	root := t.TempDir()
-	testbin.NoLeaks(t, root)
-	t.Cleanup(func() { testbin.KillServers(root) })
+	fake, root := fakeRoot(t)
 	stateDir := ""
 	base, logs := runReal(t, serverPlan, []string{"fake=" + fake, "root=" + root, "port=" + strconv.Itoa(testbin.FreePort(t)), "settle=200ms"},
 		func(c *Config) {
