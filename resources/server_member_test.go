@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
 )
 
 // A server in a container on a cluster member whose incusd hangs (SIGSTOP) is observed
@@ -51,7 +52,17 @@ func TestServerInContainerOnAHungMember(t *testing.T) {
 	case <-time.After(2 * MemberWatchEvery):
 	}
 
-	c.Hang(t, "m2") // Offline in the cluster's view; thawed (and back) when the test ends
+	// A status begun right after the freeze, while the cluster still reports m2 Online,
+	// ends with the cluster's word within seconds of m2 reading Offline (its reads
+	// forwarded to m2 are abandoned: incus.WhileOnline), not when m2 is back.
+	c.Freeze(t, "m2") // thawed, and back, when the test ends
+	early := make(chan *agent.Step, 1)
+	go func() { early <- h.step(engine().Status(ctx)) }()
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer wcancel()
+	if err := c.WaitMembers(wctx, incus.MemberOffline, "m2"); err != nil {
+		t.Fatal(err)
+	}
 	offline := time.Now()
 	select {
 	case err := <-watched:
@@ -65,6 +76,14 @@ func TestServerInContainerOnAHungMember(t *testing.T) {
 	const fast = 10 * time.Second // one look inside may take this long (lifecycle's default)
 	words := func(s string) bool {
 		return strings.Contains(s, "member m2 is Offline") && strings.Contains(s, "incus cluster list") && strings.Contains(s, h.name)
+	}
+	select {
+	case st := <-early:
+		if st.Err != nil || st.Status == nil || st.Status.Healthy || !words(st.Status.Summary) {
+			t.Errorf("status begun before m2 read Offline: %v %+v", st.Err, st.Status)
+		}
+	case <-time.After(time.Until(offline.Add(5 * time.Second))):
+		t.Errorf("a status begun before m2 read Offline still waits 5 s after it did")
 	}
 
 	began := time.Now()
