@@ -133,7 +133,8 @@ type livenessNow struct {
 	evidence string
 	since    time.Time
 	cfg      lifecycle.Liveness
-	failed   int // probes failed in a row
+	failed   int  // probes failed in a row
+	busy     bool // degraded, and the engine progressed meanwhile
 }
 
 // livenessVerdict is what the watch concluded of rec's generation so far; ok is false
@@ -152,7 +153,7 @@ func livenessVerdict(env *agent.Env, rec *serverRecord) (now livenessNow, ok boo
 	if l.id != rec.id() || l.watch == nil {
 		return now, false
 	}
-	return livenessNow{verdict: l.verdict, evidence: l.evidence, since: l.since, cfg: l.cfg, failed: l.watch.Failed()}, true
+	return livenessNow{verdict: l.verdict, evidence: l.evidence, since: l.since, cfg: l.cfg, failed: l.watch.Failed(), busy: l.watch.Progressing()}, true
 }
 
 // startLiveness readies the judgement of rec's generation, whose log the agent reads at
@@ -338,7 +339,7 @@ func (s *Server) statusLiveness(field func(agent.Field), metrics map[string]floa
 	}
 	field(agent.TextField("liveness", "liveness", "degraded since "+agent.HumanTime(now.since)+": "+now.evidence))
 	problem := fmt.Sprintf("liveness probe %s failed %d in a row", now.cfg.Path, now.failed)
-	if strings.Contains(now.evidence, "making progress") {
+	if now.busy {
 		problem += ", but the engine is making progress: slow, not wedged"
 	}
 	return []string{problem}

@@ -217,9 +217,10 @@ const (
 // and did none of it. A slow but busy engine fails probes while progressing: Degraded,
 // never Wedged. Neither is an engine whose progress cannot be observed at all.
 type LivenessWatch struct {
-	cfg    Liveness
-	probes []Probe    // the current run of failed probes, oldest first
-	before []Progress // the progress observed as each of them was sent
+	cfg         Liveness
+	probes      []Probe    // the current run of failed probes, oldest first
+	before      []Progress // the progress observed as each of them was sent
+	progressing bool       // the last verdict was Degraded because the engine progressed
 }
 
 // NewLivenessWatch starts the watch of one generation (a relaunch starts a new one).
@@ -236,6 +237,7 @@ func NewLivenessWatch(cfg Liveness) *LivenessWatch {
 // are judged in the order their answers come, which for probes of one timeout is the
 // order they were sent.
 func (w *LivenessWatch) Judge(p Probe, before, after Progress) (Verdict, string) {
+	w.progressing = false
 	if p.Kind == ProbePassed {
 		w.probes, w.before = nil, nil
 		return Alive, ""
@@ -257,6 +259,7 @@ func (w *LivenessWatch) Judge(p Probe, before, after Progress) (Verdict, string)
 		return Degraded, fmt.Sprintf("liveness probe %s failed %d times in a row (%s), and the engine's progress cannot be observed (its log unreadable, no /metrics): not judged wedged", w.cfg.Path, len(w.probes), runs)
 	}
 	if moved := after.movedSince(w.before[0]); moved != "" {
+		w.progressing = true
 		return Degraded, fmt.Sprintf("liveness probe %s failed %d times in a row (%s), but the engine is making progress (%s): slow, not wedged", w.cfg.Path, len(w.probes), runs, moved)
 	}
 	return Wedged, fmt.Sprintf("engine wedged: %d liveness probes of %s in a row went unanswered (%s) and no progress since %s: %s",
@@ -265,6 +268,10 @@ func (w *LivenessWatch) Judge(p Probe, before, after Progress) (Verdict, string)
 
 // Failed is how many probes in a row failed so far.
 func (w *LivenessWatch) Failed() int { return len(w.probes) }
+
+// Progressing reports whether the last verdict was Degraded for an engine whose probes
+// all went unanswered while it made progress: slow, not wedged.
+func (w *LivenessWatch) Progressing() bool { return w.progressing }
 
 func (w *LivenessWatch) describe() string {
 	parts := make([]string, len(w.probes))

@@ -90,6 +90,9 @@ func TestLivenessWatchVerdicts(t *testing.T) {
 			if !strings.Contains(say, c.say) {
 				t.Errorf("evidence %q lacks %q", say, c.say)
 			}
+			if busy := strings.Contains(say, "making progress"); w.Progressing() != busy {
+				t.Errorf("Progressing() = %v after %q", w.Progressing(), say)
+			}
 		})
 	}
 }
