@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -212,19 +211,9 @@ func TestContainerOnOfflineMember(t *testing.T) {
 func TestServerInContainerOnClusterMember(t *testing.T) {
 	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
-	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
-	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
-	engine := func(vars ...string) *agent.Engine {
-		vars = append([]string{"incus_socket=" + c.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
-	}
+	h, on := onMember2(t, c, c.Socket, Machine{GPU: a6000})
+	engine := func(vars ...string) *agent.Engine { return on(Machine{GPU: a6000}, vars...) }
 	ctx := context.Background()
-	// The container first, then the program in it (as TestServerInContainer does).
-	if st := engine().Apply(ctx, nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
-		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
-	}
-	h.exec("ip", "link", "set", "lo", "up")
-	pushFakeSGLang(t, c.Client, h.name)
 	rep := engine().Apply(ctx, nil)
 	for _, st := range rep.Steps {
 		if st.Err != nil {

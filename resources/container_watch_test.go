@@ -24,33 +24,45 @@ func TestContainerWatchSeesAHungMember(t *testing.T) {
 		t.Fatalf("status before: %v %+v", st.Err, st.Status)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	watched := make(chan error, 1)
-	go func() { watched <- e.Watch(ctx, "container.c") }()
-	select {
-	case err := <-watched:
-		t.Fatalf("the watch ended before the member hung: %v", err)
-	case <-time.After(2 * MemberWatchEvery):
-	}
-
+	returned := quietWatch(t, e, "container.c")
 	c.Hang(t, "m2") // Offline in the cluster's view; thawed (and back) when the test ends
-	offline := time.Now()
-	select {
-	case err := <-watched:
-		if err != nil {
-			t.Fatalf("the watch: %v", err)
-		}
-		t.Logf("the watch returned %s after the cluster marked m2 Offline", time.Since(offline).Round(time.Millisecond))
-	case <-time.After(2*MemberWatchEvery + 5*time.Second):
-		t.Fatalf("the watch did not return within %s of the cluster marking m2 Offline", 2*MemberWatchEvery+5*time.Second)
-	}
+	returned(time.Now())
 	sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
 	defer scancel()
 	st := e.Status(sctx).Steps[0]
 	if st.Err != nil || st.Status == nil || st.Status.Healthy || !strings.Contains(st.Status.Summary, "member m2 is Offline") ||
 		field(st.Status, agent.MemberField) != "m2" {
 		t.Errorf("status with m2 hung: %v %+v", st.Err, st.Status)
+	}
+}
+
+// quietWatch starts the engine's watch of addr and requires it to stay quiet for two
+// member polls (its member answers); returned then requires it to return, without an
+// error, within two polls and 5 s of offline, when the cluster marked the member
+// Offline. The watch ends with the test.
+func quietWatch(t *testing.T, e *agent.Engine, addr string) (returned func(offline time.Time)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	watched := make(chan error, 1)
+	go func() { watched <- e.Watch(ctx, addr) }()
+	select {
+	case err := <-watched:
+		t.Fatalf("the watch ended before the member hung: %v", err)
+	case <-time.After(2 * MemberWatchEvery):
+	}
+	return func(offline time.Time) {
+		t.Helper()
+		within := 2*MemberWatchEvery + 5*time.Second
+		select {
+		case err := <-watched:
+			if err != nil {
+				t.Errorf("the watch: %v", err)
+			}
+			t.Logf("the watch returned %s after the cluster marked the member Offline", time.Since(offline).Round(time.Millisecond))
+		case <-time.After(time.Until(offline.Add(within))):
+			t.Errorf("the watch did not return within %s of the cluster marking the member Offline", within)
+		}
 	}
 }
 

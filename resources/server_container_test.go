@@ -122,6 +122,27 @@ func newCtrSrvHarness(t *testing.T) *ctrSrvHarness {
 	return &ctrSrvHarness{srvState: newSrvState(t), d: d, name: d.InstanceName(t), hport: srvFreePort(t), port: 30000}
 }
 
+// onMember2 is the harness for a container placed on the cluster's m2 with the server in
+// it, and its engine through socket for a machine (vars: more of the plan's variables).
+// The container is created (with machine m), its loopback brought up and the static
+// fake pushed in: the server is what is left to apply.
+func onMember2(t *testing.T, c *incustest.Cluster, socket string, m Machine) (*ctrSrvHarness, func(m Machine, vars ...string) *agent.Engine) {
+	t.Helper()
+	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
+	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
+	engine := func(m Machine, vars ...string) *agent.Engine {
+		vars = append([]string{"incus_socket=" + socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
+		return testEngine(t, h.dir, src, KindsFor(m), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	}
+	// The container first, then the program in it (as TestServerInContainer does).
+	if st := engine(m).Apply(context.Background(), nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
+		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
+	}
+	h.exec("ip", "link", "set", "lo", "up")
+	pushFakeSGLang(t, c.Client, h.name)
+	return h, engine
+}
+
 func (h *ctrSrvHarness) engine(withServer bool, vars ...string) *agent.Engine {
 	h.t.Helper()
 	src := ctrSrvContainer

@@ -2,7 +2,6 @@ package resources
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,19 +20,10 @@ import (
 // watch returns within seconds of the member going Offline, as the container's does.
 func TestServerInContainerOnAHungMember(t *testing.T) {
 	c := incusCluster.Start(t)
-	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
-	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
 	// Through m1's socket: the instance on m2 is reached through the cluster.
-	engine := func() *agent.Engine {
-		vars := []string{"incus_socket=" + c.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}
-		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
-	}
+	h, on := onMember2(t, c, c.Socket, Machine{GPU: a6000})
+	engine := func(vars ...string) *agent.Engine { return on(Machine{GPU: a6000}, vars...) }
 	ctx := context.Background()
-	if st := engine().Apply(ctx, nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
-		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
-	}
-	h.exec("ip", "link", "set", "lo", "up")
-	pushFakeSGLang(t, c.Client, h.name)
 	mustOK(t, h.step(engine().Apply(ctx, nil)))
 	if st := h.step(engine().Status(ctx)); st.Err != nil || !st.Status.Healthy || st.Status.Member() != "m2" {
 		t.Fatalf("status before: %v %+v", st.Err, st.Status)
@@ -42,15 +32,7 @@ func TestServerInContainerOnAHungMember(t *testing.T) {
 	// The server's watch: quiet while m2 answers, back within seconds of the cluster
 	// marking it Offline (its process inside still runs and its probe still answers:
 	// only the member tells), so that agent run observes it at once.
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	watched := make(chan error, 1)
-	go func() { watched <- engine().Watch(watchCtx, "server.qwen") }()
-	select {
-	case err := <-watched:
-		t.Fatalf("the watch ended before the member hung: %v", err)
-	case <-time.After(2 * MemberWatchEvery):
-	}
+	returned := quietWatch(t, engine(), "server.qwen")
 
 	// A status begun right after the freeze, while the cluster still reports m2 Online,
 	// ends with the cluster's word within seconds of m2 reading Offline (its reads
@@ -64,15 +46,7 @@ func TestServerInContainerOnAHungMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	offline := time.Now()
-	select {
-	case err := <-watched:
-		if err != nil {
-			t.Fatalf("the watch: %v", err)
-		}
-		t.Logf("the watch returned %s after the cluster marked m2 Offline", time.Since(offline).Round(time.Millisecond))
-	case <-time.After(2*MemberWatchEvery + 5*time.Second):
-		t.Errorf("the watch did not return within %s of the cluster marking m2 Offline", 2*MemberWatchEvery+5*time.Second)
-	}
+	returned(offline)
 	const fast = 10 * time.Second // one look inside may take this long (lifecycle's default)
 	words := func(s string) bool {
 		return strings.Contains(s, "member m2 is Offline") && strings.Contains(s, "incus cluster list") && strings.Contains(s, h.name)

@@ -28,25 +28,18 @@ import (
 func TestServerInContainerOnRemoteMember(t *testing.T) {
 	t.Parallel() // leaves the cluster whole (see incusCluster)
 	c := incusCluster.Start(t)
-	h := &ctrSrvHarness{srvState: newSrvState(t), d: c.Members[0].Daemon, name: c.InstanceName(t), hport: srvFreePort(t), port: 30000}
-	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
 	// Through m2's own socket, where the instance runs: the runner would use /proc, so
 	// the test switch makes it work as through another member's.
 	m2 := c.Member("m2")
+	h, on := onMember2(t, c, m2.Socket, Machine{GPU: a6000, IncusRemote: true})
 	engine := func(remote bool, vars ...string) *agent.Engine {
-		vars = append([]string{"incus_socket=" + m2.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000, IncusRemote: remote}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+		return on(Machine{GPU: a6000, IncusRemote: remote}, vars...)
 	}
 	apply := func(vars ...string) *agent.Step {
 		return h.step(engine(true, vars...).Apply(context.Background(), nil))
 	}
 	plan := func(vars ...string) *agent.Step { return h.step(engine(true, vars...).Plan(context.Background())) }
 	ctx := context.Background()
-	if st := engine(true).Apply(ctx, nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
-		t.Fatalf("first apply: %s %v\n%s", st.Addr, st.Err, c.LogTail(15))
-	}
-	h.exec("ip", "link", "set", "lo", "up")
-	pushFakeSGLang(t, c.Client, h.name)
 	// The runner's own choice: remote through m1's socket, /proc through m2's.
 	for sock, want := range map[*incus.Client]bool{c.Client: true, m2.Client: false} {
 		r := &lifecycle.Incus{Client: sock, Instance: h.name}
