@@ -90,9 +90,9 @@ type GPUServerStopper interface {
 // for tests and for inspecting a copied tree; production never sets it.
 const HostRootEnv = "AGENT_HOST_ROOT"
 
-// hostFromEnv is the host Kinds acts on: the real machine, or the fake root that
+// HostFromEnv is the host Kinds acts on: the real machine, or the fake root that
 // AGENT_HOST_ROOT names.
-func hostFromEnv(getenv func(string) string) Machine {
+func HostFromEnv(getenv func(string) string) Machine {
 	root := getenv(HostRootEnv)
 	if root == "" {
 		return Machine{}

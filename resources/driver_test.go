@@ -847,10 +847,10 @@ func TestDriverBindErrors(t *testing.T) {
 // and disables host commands.
 func TestDriverHostFromEnv(t *testing.T) {
 	t.Parallel()
-	if h := hostFromEnv(func(string) string { return "" }); h.Root != "" || h.GPU != nil || h.Run != nil {
+	if h := HostFromEnv(func(string) string { return "" }); h.Root != "" || h.GPU != nil || h.Run != nil {
 		t.Errorf("no env: %+v", h)
 	}
-	h := hostFromEnv(func(k string) string { return map[string]string{HostRootEnv: "/tmp/fake"}[k] })
+	h := HostFromEnv(func(k string) string { return map[string]string{HostRootEnv: "/tmp/fake"}[k] })
 	if h.Root != "/tmp/fake" || h.GPU != (gpu.ProcFS{Root: "/tmp/fake"}) {
 		t.Errorf("with env: %+v", h)
 	}

@@ -26,6 +26,10 @@ type serverStopper struct {
 
 var _ GPUServerStopper = serverStopper{}
 
+// ServerStopper is the server kind's stop of the servers that hold the GPUs, reading
+// processes through p and the GPUs through g.
+func ServerStopper(p proc.FS, g gpu.Observer) GPUServerStopper { return serverStopper{proc: p, gpu: g} }
+
 func (s serverStopper) StopGPUServers(ctx context.Context, records *state.View, gpuPIDs []int, reason string) error {
 	servers, err := serverRecords(records)
 	var errs []error

@@ -1,12 +1,10 @@
-// Package resources holds the resource kinds a plan can declare, one kind per file
-// (file.go, server.go, download.go, …). KindsFor returns them all for the engine and the
-// plan loader, bound to the host they act on.
+// Package resources is what the resource kinds share: the Machine they act on, the
+// binder helpers, the paths a plan may name, and the read-only questions one kind asks
+// of another's records (peers.go). Each kind is its own package under resources/
+// (resources/server, resources/container, …), and resources/registry lists them all.
 package resources
 
 import (
-	"os"
-
-	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
 )
@@ -39,27 +37,10 @@ type Machine struct {
 	StateDir string
 }
 
-func (h Machine) withDefaults() Machine {
+// WithDefaults is h with the real GPUs of h.Root where h names none.
+func (h Machine) WithDefaults() Machine {
 	if h.GPU == nil {
 		h.GPU = gpu.Default(h.Root)
 	}
-	if h.StopGPUServers == nil {
-		h.StopGPUServers = serverStopper{proc: h.Proc, gpu: h.GPU}
-	}
 	return h
-}
-
-// Kinds returns every resource kind built into the agent, acting on this host.
-func Kinds() []agent.Kind { return KindsFor(hostFromEnv(os.Getenv)) }
-
-// KindsFor returns every resource kind, acting on h.
-func KindsFor(h Machine) []agent.Kind {
-	h = h.withDefaults()
-	return []agent.Kind{
-		FileKind(),
-		DriverKind(h),
-		ContainerKind(h),
-		DownloadKind(h),
-		ServerKind(h),
-	}
 }

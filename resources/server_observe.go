@@ -35,7 +35,7 @@ func (s *Server) lifecycle(ctx context.Context, env *agent.Env) (*lifecycle.Life
 // is stopped where it runs, also when the plan moved the server. The server's own
 // place gets its endpoint; another place is only observed and stopped.
 func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) (*lifecycle.Lifecycle, error) {
-	h := s.host.withDefaults()
+	h := s.host.WithDefaults()
 	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
 	if !inContainer {
 		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil

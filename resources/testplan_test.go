@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -56,4 +57,16 @@ func bindPlan(src string, kinds []agent.Kind) (map[string]agent.Resource, hcl.Di
 		return nil, diags
 	}
 	return agent.Bind(p, kinds)
+}
+
+// Kinds and KindsFor are resources/registry's, for the tests of the kinds still in this
+// package (the registry imports this package, so these tests cannot import it).
+func Kinds() []agent.Kind { return KindsFor(HostFromEnv(os.Getenv)) }
+
+func KindsFor(h Machine) []agent.Kind {
+	h = h.WithDefaults()
+	if h.StopGPUServers == nil {
+		h.StopGPUServers = ServerStopper(h.Proc, h.GPU)
+	}
+	return []agent.Kind{FileKind(), DriverKind(h), ContainerKind(h), DownloadKind(h), ServerKind(h)}
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
-	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/registry"
 )
 
 // Exit codes.
@@ -261,7 +261,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		saved, planPath = f, f.Source.Path
 	}
 
-	kinds := resources.Kinds()
+	kinds := registry.Kinds()
 	p, diags := loadPlan(planPath, o, kinds)
 	var secrets []string
 	if p != nil {

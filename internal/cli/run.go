@@ -19,7 +19,7 @@ import (
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
-	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/registry"
 )
 
 // runDaemon is `agent run PLAN`: the reconcile loop until SIGTERM.
@@ -43,7 +43,7 @@ func runDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "agent run: %v\n", err)
 		return exitUsage
 	}
-	kinds := resources.Kinds()
+	kinds := registry.Kinds()
 	err = daemon.Run(ctx, daemon.Config{
 		PlanPath: pos[0],
 		Load: func() (*plans.Plan, hcl.Diagnostics) {

@@ -14,6 +14,7 @@ import (
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/registry"
 )
 
 // twoGPUs is what NVML would report for a host with two 48 GiB GPUs, the second with a
@@ -63,7 +64,7 @@ func TestDriverGPUSeriesInMetrics(t *testing.T) {
 	base, _ := runReal(t, `nvidia_driver "host" {
   version = "580.95.05"
 }
-`, nil, func(c *Config) { c.Kinds = resources.KindsFor(h) })
+`, nil, func(c *Config) { c.Kinds = registry.KindsFor(h) })
 
 	const (
 		gpu0 = `gpu="0",kind="nvidia_driver",name="host",resource="nvidia_driver.host",uuid="GPU-6a2e5a62-1f1c-5c3e-9f0a-2d7b8e4c1a01"`

@@ -28,7 +28,7 @@ import (
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
-	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/registry"
 )
 
 // The tests below run the loop with the real kinds on real processes: the fake SGLang
@@ -87,7 +87,7 @@ func runReal(t *testing.T, src string, vars []string, tune func(*Config)) (strin
 	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	kinds := resources.Kinds()
+	kinds := registry.Kinds()
 	logs := &syncBuffer{}
 	ready := make(chan string, 1)
 	done := make(chan error, 1)

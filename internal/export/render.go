@@ -15,7 +15,7 @@ import (
 	"github.com/agent-dev/agent/internal/cmdline"
 	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/plans"
-	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/registry"
 )
 
 // FileName is the name Render gives the plan in diagnostics.
@@ -93,7 +93,7 @@ func containsStr(l []string, s string) bool {
 
 // validate loads and binds src as `agent validate` does.
 func validate(src []byte) hcl.Diagnostics {
-	kinds := resources.Kinds()
+	kinds := registry.Kinds()
 	p, diags := plans.LoadSources(".", []plans.Source{{Name: FileName, Data: src}}, plans.Options{Schemas: agent.Schemas(kinds)})
 	if diags.HasErrors() {
 		return diags
