@@ -1,9 +1,6 @@
 package resources
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"sort"
 	"strings"
 	"sync"
@@ -113,7 +110,7 @@ type Container struct {
 	clients *sync.Map // Incus socket path → *incus.Client, shared by its views (liveView)
 	base    string    // the plan's instance name, when name is its migration pair (container_migrate.go)
 
-	deletion // ensure = "absent", agent destroy, an orphan: container_delete.go
+	Deletion // ensure = "absent", agent destroy, an orphan: container_delete.go
 }
 
 var (
@@ -253,16 +250,6 @@ func (k *Container) client(env *agent.Env) *incus.Client {
 	}
 	c, _ := k.clients.LoadOrStore(sock, incus.New(sock))
 	return c.(*incus.Client)
-}
-
-// reachErr adds the fix to an error that is not an answer of Incus (no daemon at the
-// socket, permission denied).
-func reachErr(c *incus.Client, err error) error {
-	var ie *incus.Error
-	if errors.As(err, &ie) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return err
-	}
-	return fmt.Errorf("%w (is incusd running and is %s its socket? set agent { incus_socket } or INCUS_SOCKET)", err, c.Socket())
 }
 
 // Timeout gives a container that installs the NVIDIA userspace driver the driver's own

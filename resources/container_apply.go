@@ -22,7 +22,7 @@ func (k *Container) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) er
 	if !ok {
 		return fmt.Errorf("internal error: container detail is %T", d.Detail)
 	}
-	if k.absent {
+	if k.Delete {
 		return k.applyAbsent(ctx, env, det)
 	}
 	k, _, err := k.liveView(env)
@@ -118,7 +118,7 @@ func (k *Container) post(fingerprint string) incus.InstancesPost {
 			Config:      maps.Clone(k.config),
 			Devices:     devs,
 			Profiles:    slices.Clone(k.profiles),
-			Description: deref(k.description),
+			Description: Deref(k.description),
 		},
 	}
 }

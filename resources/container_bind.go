@@ -20,28 +20,28 @@ import (
 // bindContainer checks a container block beyond its types and returns the Container:
 // the instance, its config (and the NVIDIA runtime and userspace driver), its devices.
 func bindContainer(r *plans.Resource, c *ContainerConfig) (*Container, hcl.Diagnostics) {
-	b := &binder{r: r}
+	b := &Binder{R: r}
 	k := &Container{
 		addr: r.Addr, name: r.Name, image: c.Image, itype: "container",
 		profiles: []string{"default"}, config: map[string]string{}, secretConf: func(key string) bool { return r.SensitiveKey("config", key) },
 		devices: map[string]map[string]string{}, deviceKind: map[string]string{},
-		description: c.Description, target: deref(c.Target), userspace: deref(c.NvidiaUserspace),
+		description: c.Description, target: Deref(c.Target), userspace: Deref(c.NvidiaUserspace),
 		running: true, stopTimeout: 30 * time.Second, clients: new(sync.Map),
 	}
 	k.bindInstance(b, c)
 	k.bindConfig(b, c)
 	k.bindDevices(b, c)
-	return k, b.diags
+	return k, b.Diags
 }
 
 // bindInstance reads the instance: its name, image, type, profiles, replace policy,
 // power and stop timeout.
-func (k *Container) bindInstance(b *binder, c *ContainerConfig) {
-	r, bad := b.r, b.bad
+func (k *Container) bindInstance(b *Binder, c *ContainerConfig) {
+	r, bad := b.R, b.Bad
 	if c.Name != nil {
 		k.name = *c.Name
 	}
-	if !validInstanceName(k.name) {
+	if !ValidInstanceName(k.name) {
 		bad(r.Range("name"), "Invalid instance name",
 			fmt.Sprintf("%q is not a valid Incus instance name: 1 to 63 letters, digits and dashes, starting with a letter, not ending with a dash.", k.name))
 	}
@@ -59,7 +59,7 @@ func (k *Container) bindInstance(b *binder, c *ContainerConfig) {
 	if c.Profiles != nil {
 		k.profiles = slices.Clone(*c.Profiles)
 	}
-	switch v := deref(c.Replace); v {
+	switch v := Deref(c.Replace); v {
 	case "", "refuse":
 	case "allowed":
 		k.allowReplace = true
@@ -72,7 +72,7 @@ func (k *Container) bindInstance(b *binder, c *ContainerConfig) {
 	if c.StopTimeout != nil {
 		d, err := time.ParseDuration(*c.StopTimeout)
 		if err != nil || d < time.Second {
-			b.badValue(r.Range("stop_timeout"), "Invalid stop_timeout", fmt.Sprintf("%q is not a duration of at least 1s, such as \"30s\".", *c.StopTimeout))
+			b.BadValue(r.Range("stop_timeout"), "Invalid stop_timeout", fmt.Sprintf("%q is not a duration of at least 1s, such as \"30s\".", *c.StopTimeout))
 		} else {
 			k.stopTimeout = d
 		}
@@ -81,8 +81,8 @@ func (k *Container) bindInstance(b *binder, c *ContainerConfig) {
 
 // bindConfig reads the config keys (never a key Incus owns), the NVIDIA runtime, and the
 // userspace driver with its installer.
-func (k *Container) bindConfig(b *binder, c *ContainerConfig) {
-	r, bad := b.r, b.bad
+func (k *Container) bindConfig(b *Binder, c *ContainerConfig) {
+	r, bad := b.R, b.Bad
 	for key, v := range c.Config {
 		if serverOwned(key) {
 			bad(r.Range("config"), "Server-owned config key",
@@ -122,8 +122,8 @@ func (k *Container) bindConfig(b *binder, c *ContainerConfig) {
 }
 
 // bindDevices reads the gpu, disk and device blocks; their names are one namespace.
-func (k *Container) bindDevices(b *binder, c *ContainerConfig) {
-	r, bad := b.r, b.bad
+func (k *Container) bindDevices(b *Binder, c *ContainerConfig) {
+	r, bad := b.R, b.Bad
 	addDevice := func(kind, name string, rng hcl.Range, dev map[string]string) {
 		if prev, ok := k.deviceKind[name]; ok {
 			bad(rng, "Duplicate device", fmt.Sprintf("A %s named %q is already declared in this container; device names are shared by gpu, disk and device blocks.", prev, name))
@@ -169,10 +169,10 @@ func (k *Container) bindDevices(b *binder, c *ContainerConfig) {
 			bad(r.Range("disk", "path"), "Relative disk path", fmt.Sprintf("path %q is the mount point inside the instance and must be absolute.", d.Path))
 		}
 		dev := map[string]string{"type": "disk", "source": d.Source, "path": d.Path}
-		if deref(d.ReadOnly) {
+		if Deref(d.ReadOnly) {
 			dev["readonly"] = "true"
 		}
-		if deref(d.Shift) {
+		if Deref(d.Shift) {
 			dev["shift"] = "true"
 		}
 		addDevice("disk", d.Name, r.Range("disk"), dev)
@@ -189,21 +189,6 @@ func (k *Container) bindDevices(b *binder, c *ContainerConfig) {
 		dev["type"] = d.Type
 		addDevice("device", d.Name, r.Range("device"), dev)
 	}
-}
-
-func validInstanceName(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[len(s)-1] == '-' {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-		case (c >= '0' && c <= '9' || c == '-') && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 func validDeviceName(s string) bool {

@@ -27,7 +27,7 @@ func resolveImage(ctx context.Context, c *incus.Client, image string) (string, e
 		return a.Target, nil
 	}
 	if !incus.IsNotFound(err) {
-		return "", reachErr(c, err)
+		return "", ReachErr(c, err)
 	}
 	if len(name) >= 12 && strings.Trim(strings.ToLower(name), "0123456789abcdef") == "" {
 		img, ferr := c.GetImage(ctx, name)
@@ -44,7 +44,7 @@ func resolveImage(ctx context.Context, c *incus.Client, image string) (string, e
 // Check observes the instance and compares it with the plan; a migration's break work
 // left (its retiring instance) is part of what it reports.
 func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
-	if k.absent {
+	if k.Delete {
 		return k.checkAbsent(ctx, env)
 	}
 	live, rec, err := k.liveView(env)
@@ -72,8 +72,8 @@ func (k *Container) observe(ctx context.Context, env *agent.Env, rec containerRe
 	if err != nil {
 		return nil, err
 	}
-	if member := instanceMember(inst); member != "" && k.target != "" && member != k.target {
-		if err := memberOnline(ctx, c, member, k.name); err != nil {
+	if member := InstanceMember(inst); member != "" && k.target != "" && member != k.target {
+		if err := MemberOnline(ctx, c, member, k.name); err != nil {
 			return nil, err
 		}
 		return k.migrateDiff(ctx, c, env, inst, rec)

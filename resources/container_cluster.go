@@ -24,40 +24,16 @@ import (
 // gpu devices select. An instance on a lone
 // (unclustered) daemon has no member.
 func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.Instance) error {
-	member := instanceMember(inst)
+	member := InstanceMember(inst)
 	if member == "" {
 		return nil
 	}
-	if err := memberOnline(ctx, c, member, k.name); err != nil {
+	if err := MemberOnline(ctx, c, member, k.name); err != nil {
 		return err
 	}
 	// A member other than the target is a migration (container_migrate.go), decided
 	// before placement is checked.
 	return k.checkMemberGPUs(ctx, c, member)
-}
-
-// instanceMember is the cluster member an instance is on; "" outside a cluster (Incus
-// says "none" there).
-func instanceMember(inst *incus.Instance) string {
-	if inst.Location == "none" {
-		return ""
-	}
-	return inst.Location
-}
-
-// memberOnline returns an error naming the member and what the cluster says about it
-// when it is not online: its instances can be neither observed nor changed (the cluster
-// answers an offline member's instance from its database, as stopped).
-func memberOnline(ctx context.Context, c *incus.Client, member, instance string) error {
-	m, err := c.ClusterMember(ctx, member)
-	if err != nil {
-		return reachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
-	}
-	if !m.Online() {
-		return memberDownErr(m, instance)
-	}
-	memberSeen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
-	return nil
 }
 
 // memberDownErr is what a member the cluster reports not online means for an instance
@@ -68,7 +44,7 @@ func memberDownErr(m *incus.ClusterMember, instance string) error {
 }
 
 // getInstance reads an instance the way observe and status need it on a cluster: the
-// member holding it is asked about first (memberOnline), and the read, which the cluster
+// member holding it is asked about first (MemberOnline), and the read, which the cluster
 // forwards to that member, runs under incus.WhileOnline, so that a member whose incusd
 // hung just before the read returns the cluster's word on it within a second of the
 // cluster reporting it Offline. Unguarded, such a read hangs until the member is back
@@ -84,7 +60,7 @@ func getInstance(ctx context.Context, c *incus.Client, name string) (inst *incus
 	}
 	if member, _ = c.InstanceMember(ctx, name); member == "" || member == "none" {
 		member, err = "", read(ctx) // not on a cluster, or the cluster cannot say
-	} else if err = memberOnline(ctx, c, member, name); err != nil {
+	} else if err = MemberOnline(ctx, c, member, name); err != nil {
 		return nil, member, err // down (agent.Unavailable), or the cluster did not answer
 	} else {
 		err = c.WhileOnline(ctx, member, read)
@@ -103,7 +79,7 @@ func getInstance(ctx context.Context, c *incus.Client, name string) (inst *incus
 	if down, oerr := offlineMember(ctx, c, name, err); oerr != nil {
 		return nil, down, oerr
 	}
-	return nil, "", reachErr(c, err)
+	return nil, "", ReachErr(c, err)
 }
 
 // checkTarget checks, before a create, that the target is an online member of the
@@ -114,7 +90,7 @@ func (k *Container) checkTarget(ctx context.Context, c *incus.Client) error {
 	}
 	cl, err := c.Cluster(ctx)
 	if err != nil {
-		return reachErr(c, err)
+		return ReachErr(c, err)
 	}
 	if !cl.Enabled {
 		return agent.Terminal(fmt.Errorf("target = %q, but the Incus daemon at %s is not part of a cluster: drop target, or point incus_socket at a cluster member", k.target, c.Socket()))
@@ -201,7 +177,7 @@ func offlineMember(ctx context.Context, c *incus.Client, instance string, readEr
 	if err != nil || member == "" || member == "none" {
 		return "", nil
 	}
-	if err := memberOnline(ctx, c, member, instance); err != nil {
+	if err := MemberOnline(ctx, c, member, instance); err != nil {
 		return member, fmt.Errorf("%w (reading it: %v)", err, readErr)
 	}
 	return "", nil

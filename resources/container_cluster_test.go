@@ -13,6 +13,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // incusCluster is this test binary's private three-member Incus cluster, formed by the
@@ -54,7 +55,7 @@ container "c" {
 %s
 }
 `, h.name, body)
-	return testEngine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, "incus_socket="+h.c.Socket)
+	return restest.Engine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, "incus_socket="+h.c.Socket)
 }
 
 func (h *clusterCtr) plan(body string) *agent.Step {

@@ -23,20 +23,17 @@ import (
 
 var _ agent.Ensurer = (*Container)(nil)
 
-// Absent reports whether the plan says ensure = "absent".
-func (k *Container) Absent() bool { return k.absent && k.why == agent.ReasonEnsureAbsent }
-
 // AsAbsent is the container as agent destroy deletes it.
 func (k *Container) AsAbsent() agent.Resource {
 	return &Container{addr: k.addr, name: k.name, host: k.host, stopTimeout: k.stopTimeout, clients: new(sync.Map),
-		deletion: deletion{absent: true, why: agent.ReasonDestroy}}
+		Deletion: Deletion{Delete: true, Why: agent.ReasonDestroy}}
 }
 
 func (k *Container) bindEnsure(r *plans.Resource, ensure *string) hcl.Diagnostics {
-	switch e := deref(ensure); e {
+	switch e := Deref(ensure); e {
 	case "", "present":
 	case "absent":
-		k.deletion = deletion{absent: true, why: agent.ReasonEnsureAbsent}
+		k.Deletion = Deletion{Delete: true, Why: agent.ReasonEnsureAbsent}
 	default:
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Invalid ensure", Subject: r.Range("ensure").Ptr(),
 			Detail: fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e)}}
@@ -54,10 +51,10 @@ func orphanContainer(h Machine, addr string, st *state.Scoped) (agent.Resource, 
 		return nil, err
 	}
 	if rec.Instance == "" {
-		return leftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not name its instance: left alone; delete the instance yourself (incus delete), then %s.json in the state directory's resources/", addr)}, nil
+		return LeftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not name its instance: left alone; delete the instance yourself (incus delete), then %s.json in the state directory's resources/", addr)}, nil
 	}
 	return &Container{addr: addr, name: rec.Instance, host: h, stopTimeout: 30 * time.Second, clients: new(sync.Map),
-		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}, nil
+		Deletion: Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}, nil
 }
 
 func (k *Container) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
@@ -74,14 +71,14 @@ func (k *Container) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Dif
 	inst, _, err := c.GetInstance(ctx, k.name)
 	notFound := incus.IsNotFound(err)
 	if err != nil && !notFound {
-		return nil, reachErr(c, err)
+		return nil, ReachErr(c, err)
 	}
 	forget := func(why string) (*agent.Diff, error) {
 		if !has {
 			return agent.NoChange(), nil
 		}
 		d := &agent.Diff{Detail: &containerDetail{forget: true}}
-		d.Add(agent.Change{Attr: "record", Old: agent.Raw(why), HasOld: true, Effect: agent.Deletes, Reason: k.why})
+		d.Add(agent.Change{Attr: "record", Old: agent.Raw(why), HasOld: true, Effect: agent.Deletes, Reason: k.Why})
 		return d.Derive(), nil
 	}
 	if notFound {
@@ -89,15 +86,15 @@ func (k *Container) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Dif
 			// The live instance is gone, but a migration's other half is not: it
 			// leaves the host too (applyAbsent finishes it, verified).
 			d := &agent.Diff{Detail: &containerDetail{remove: true}}
-			c0 := agent.Removed("instance", agent.Raw(fmt.Sprintf("%s (a migration's other half; %s is gone)", left, k.name))).Because(agent.Deletes, k.why)
-			c0.Note = k.why.Describe() + "; disk devices' host directories and storage volumes are kept"
+			c0 := agent.Removed("instance", agent.Raw(fmt.Sprintf("%s (a migration's other half; %s is gone)", left, k.name))).Because(agent.Deletes, k.Why)
+			c0.Note = k.Why.Describe() + "; disk devices' host directories and storage volumes are kept"
 			d.Add(c0)
 			return d.Derive(), nil
 		}
 		return forget(fmt.Sprintf("instance %s is gone", k.name))
 	}
 	uuid := inst.Config["volatile.uuid"]
-	if k.orphan && !(rec.Instance == k.name && rec.UUID != "" && rec.UUID == uuid) {
+	if k.Orphan && !(rec.Instance == k.name && rec.UUID != "" && rec.UUID == uuid) {
 		// Another instance now has the name (or the record never saw its uuid): not
 		// the agent's to delete.
 		d, err := forget(fmt.Sprintf("instance %s is not the one this agent created: left alone", k.name))
@@ -107,8 +104,8 @@ func (k *Container) checkAbsent(ctx context.Context, env *agent.Env) (*agent.Dif
 		return d, err
 	}
 	d := &agent.Diff{Detail: &containerDetail{remove: true, uuid: uuid}}
-	c0 := agent.Removed("instance", agent.Raw(fmt.Sprintf("%s (%s)", k.name, strings.ToLower(inst.Status)))).Because(agent.Deletes, k.why)
-	c0.Note = k.why.Describe() + "; disk devices' host directories and storage volumes are kept"
+	c0 := agent.Removed("instance", agent.Raw(fmt.Sprintf("%s (%s)", k.name, strings.ToLower(inst.Status)))).Because(agent.Deletes, k.Why)
+	c0.Note = k.Why.Describe() + "; disk devices' host directories and storage volumes are kept"
 	d.Add(c0)
 	return d.Derive(), nil
 }
@@ -132,7 +129,7 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 		return env.State.Delete()
 	}
 	if err != nil {
-		return reachErr(c, err)
+		return ReachErr(c, err)
 	}
 	if det.uuid != "" && inst.Config["volatile.uuid"] != det.uuid {
 		return fmt.Errorf("instance %s changed since it was observed (another uuid): not deleted; plan again", k.name)
@@ -143,7 +140,7 @@ func (k *Container) applyAbsent(ctx context.Context, env *agent.Env, det *contai
 	if err := k.stopAndDelete(ctx, c, env); err != nil {
 		return err
 	}
-	env.Log.Info("deleted instance", "instance", k.name, "reason", string(k.why))
+	env.Log.Info("deleted instance", "instance", k.name, "reason", string(k.Why))
 	return env.State.Delete()
 }
 
@@ -170,7 +167,7 @@ func (k *Container) absentStatus(ctx context.Context, env *agent.Env) (*agent.St
 		return &agent.Status{Healthy: true, Summary: "absent: instance " + k.name + " does not exist"}, nil
 	}
 	if err != nil {
-		return nil, reachErr(c, err)
+		return nil, ReachErr(c, err)
 	}
 	return &agent.Status{Healthy: false, Summary: fmt.Sprintf("instance %s exists (%s), but the plan says ensure = \"absent\": agent apply deletes it", k.name, strings.ToLower(inst.Status))}, nil
 }

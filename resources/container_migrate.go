@@ -77,7 +77,7 @@ func (k *Container) liveView(env *agent.Env) (*Container, containerRecord, error
 
 // migrateDiff is the diff of an instance on another member than the plan's target.
 func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, env *agent.Env, inst *incus.Instance, rec containerRecord) (*agent.Diff, error) {
-	member := instanceMember(inst)
+	member := InstanceMember(inst)
 	if rec.Retiring != "" {
 		return nil, fmt.Errorf("instance %s runs on member %s, but the plan's target is %s, and the previous migration is not finished (instance %s on %s still retires once the servers in %s verify): apply until it is, then change the target",
 			k.name, member, k.target, rec.Retiring, noneIfEmpty(rec.RetiringMember), k.name)
@@ -90,9 +90,9 @@ func (k *Container) migrateDiff(ctx context.Context, c *incus.Client, env *agent
 	d := &agent.Diff{Detail: det}
 	ch := agent.Set("target", member, k.target)
 	running := inst.StatusCode == incus.StatusRunning
-	if running && k.running && serversIn(env, k.name) {
+	if running && k.running && k.host.ServersIn(env, k.name) {
 		pair := pairName(k.planName(), k.name)
-		if !validInstanceName(pair) {
+		if !ValidInstanceName(pair) {
 			return nil, agent.Terminal(fmt.Errorf("instance %s must move from member %s to %s make before break, under the pair name %s, which is not a valid instance name (at most 63 characters): shorten the container's name",
 				k.name, member, k.target, pair))
 		}
@@ -128,7 +128,7 @@ func (k *Container) applyMove(ctx context.Context, c *incus.Client, env *agent.E
 		return err
 	}
 	if err := c.MoveInstance(ctx, k.name, k.target); err != nil {
-		return reachErr(c, err)
+		return ReachErr(c, err)
 	}
 	member, err := c.InstanceMember(ctx, k.name)
 	if err != nil {
@@ -166,7 +166,7 @@ func (k *Container) applyMigrate(ctx context.Context, c *incus.Client, env *agen
 			return err
 		}
 	} else if !incus.IsNotFound(err) {
-		return reachErr(c, err)
+		return ReachErr(c, err)
 	}
 	env.Log.Info("migrating: building the new instance", "instance", pair.name, "member", k.target, "from", k.name, "on", det.from)
 	if err := c.CreateInstance(ctx, pair.post(det.fingerprint)); err != nil {
@@ -239,7 +239,7 @@ func (k *Container) Finish(ctx context.Context, env *agent.Env) error {
 				return err
 			}
 		} else if !incus.IsNotFound(err) {
-			return reachErr(c, err)
+			return ReachErr(c, err)
 		}
 		rec.Building = ""
 		return env.State.Save(rec)
@@ -249,7 +249,7 @@ func (k *Container) Finish(ctx context.Context, env *agent.Env) error {
 	switch {
 	case incus.IsNotFound(err):
 	case err != nil:
-		return reachErr(c, err)
+		return ReachErr(c, err)
 	case rec.RetiringUUID != "" && inst.Config["volatile.uuid"] != rec.RetiringUUID:
 		env.Log.Warn("the retiring instance's name is another instance now: left alone", "instance", old.name)
 	default:
@@ -260,4 +260,23 @@ func (k *Container) Finish(ctx context.Context, env *agent.Env) error {
 	}
 	rec.Retiring, rec.RetiringUUID, rec.RetiringMember = "", "", ""
 	return env.State.Save(rec)
+}
+
+// ContainerPeers answers the other kinds' questions of the container records.
+type ContainerPeers struct{}
+
+// LiveInstance implements resources.Containers from the container records.
+func (ContainerPeers) LiveInstance(env *agent.Env, name string) (live, retiring string) {
+	live = name
+	EachRecord(env, "container", func(_ string, rec containerRecord) bool {
+		if rec.Base != name {
+			return true
+		}
+		if rec.Instance == pairName(name, name) {
+			live = rec.Instance
+		}
+		retiring = rec.Retiring
+		return false
+	})
+	return live, retiring
 }

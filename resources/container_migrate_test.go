@@ -21,6 +21,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // TestContainerTargetChangeMoves: a stopped instance whose target changes is moved
@@ -167,7 +168,7 @@ func (h *migrateHarness) engine(member string, vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"incus_socket=" + h.c.Socket, "name=" + h.name, "target=" + member, "listen=" + memberIP(member),
 		"bin=" + h.bin, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, migratePlan, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	return restest.Engine(h.t, h.dir, migratePlan, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 }
 
 // healthy reports whether the server answers /health through member's proxy.

@@ -36,7 +36,7 @@ func (k *Container) checkRoom(ctx context.Context, c *incus.Client, fingerprint 
 	}
 	img, err := c.GetImage(ctx, fingerprint)
 	if err != nil {
-		return fmt.Errorf("image %s: %w", shortFP(fingerprint), reachErr(c, err))
+		return fmt.Errorf("image %s: %w", shortFP(fingerprint), ReachErr(c, err))
 	}
 	path := "/1.0/storage-pools/" + url.PathEscape(pool) + "/resources"
 	where := ""
@@ -46,7 +46,7 @@ func (k *Container) checkRoom(ctx context.Context, c *incus.Client, fingerprint 
 	}
 	var res poolResources
 	if err := c.Query(ctx, http.MethodGet, path, nil, &res); err != nil {
-		return fmt.Errorf("storage pool %s%s: %w", pool, where, reachErr(c, err))
+		return fmt.Errorf("storage pool %s%s: %w", pool, where, ReachErr(c, err))
 	}
 	need := uint64(max(img.Size, 0)) + createMargin
 	free := res.Space.Total - min(res.Space.Used, res.Space.Total)
@@ -74,7 +74,7 @@ func (k *Container) rootPool(ctx context.Context, c *incus.Client) (string, erro
 			Devices map[string]map[string]string `json:"devices"`
 		}
 		if err := c.Query(ctx, http.MethodGet, "/1.0/profiles/"+url.PathEscape(name), nil, &p); err != nil {
-			return "", fmt.Errorf("profile %s: %w", name, reachErr(c, err))
+			return "", fmt.Errorf("profile %s: %w", name, ReachErr(c, err))
 		}
 		for _, dev := range p.Devices {
 			if dev["type"] == "disk" && dev["path"] == "/" {

@@ -12,7 +12,7 @@ import (
 // Status reports the instance's live state: status, init PID, addresses, attached GPUs
 // and disks.
 func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
-	if k.absent {
+	if k.Delete {
 		return k.absentStatus(ctx, env)
 	}
 	k, rec, err := k.liveView(env)
@@ -31,9 +31,9 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		return nil, err
 	}
 	st := &agent.Status{Fields: []agent.Field{agent.TextField("status", "status", inst.Status)}}
-	if member := instanceMember(inst); member != "" {
+	if member := InstanceMember(inst); member != "" {
 		st.Fields = append(st.Fields, agent.TextField(agent.MemberField, "member", member))
-		if err := memberOnline(ctx, c, member, k.name); err != nil {
+		if err := MemberOnline(ctx, c, member, k.name); err != nil {
 			st.Fields[0] = agent.TextField("status", "status", "unknown") // the cluster's database answers for an offline member
 			st.Summary = err.Error()
 			return st, nil
@@ -132,4 +132,23 @@ func renderIncusDevice(dev map[string]string) string {
 		return typ + " {}"
 	}
 	return typ + " {" + strings.Join(parts, ", ") + "}"
+}
+
+var _ agent.Watcher = (*Container)(nil)
+
+// Watch returns once the cluster member holding the instance is no longer Online as the
+// cluster reports it (a member whose incusd hangs or died: Offline once its heartbeats
+// are missed), so that `agent run` observes the container again within seconds and its
+// status says what the cluster says, instead of "running, matches the plan" until the
+// next resync (issue 27: 36 s after the cluster had marked the member Offline). An
+// instance that is not on a cluster member has nothing to watch here.
+func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
+	if k.Delete {
+		return agent.ErrNothingToWatch
+	}
+	k, _, err := k.liveView(env)
+	if err != nil {
+		return err
+	}
+	return WatchMember(ctx, env, k.client(env), k.name)
 }

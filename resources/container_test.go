@@ -19,6 +19,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/resources/restest"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -94,7 +95,7 @@ container "c" {
 %s
 }
 `, h.name, body)
-	return testEngine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
+	return restest.Engine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
 }
 
 // plan returns the container's diff (failing on an error).
@@ -545,7 +546,7 @@ func TestContainerBind(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := "container \"c\" {\n  " + tc.body + "\n}\n"
-			res, diags := bindPlan(src, []agent.Kind{ContainerKind(Machine{})})
+			res, diags := restest.BindPlan(src, []agent.Kind{ContainerKind(Machine{})})
 			if tc.want == "" {
 				if diags.HasErrors() {
 					t.Fatal(diags.Error())
@@ -663,7 +664,7 @@ func TestContainerTimeout(t *testing.T) {
     sha256 = "` + strings.Repeat("0", 64) + `"
   }`: DriverTimeout,
 	} {
-		res, diags := bindPlan("container \"c\" {\n  "+body+"\n}\n", []agent.Kind{ContainerKind(Machine{})})
+		res, diags := restest.BindPlan("container \"c\" {\n  "+body+"\n}\n", []agent.Kind{ContainerKind(Machine{})})
 		if diags.HasErrors() {
 			t.Fatal(diags.Error())
 		}
@@ -693,7 +694,7 @@ container "c" {
   config       = { "user.secret" = var.secret, "user.plain" = %q }
 }
 `, secret, h.name, plain)
-		return testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
+		return restest.Engine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
 	}
 	sensitivity := func(d *agent.Diff) map[string]bool {
 		out := map[string]bool{}

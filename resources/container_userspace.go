@@ -31,7 +31,7 @@ func (k *Container) installUserspace(ctx context.Context, c *incus.Client, env *
 	if err := os.MkdirAll(cache, 0o700); err != nil {
 		return err
 	}
-	name := installerName(k.installer.URL, k.userspace)
+	name := InstallerName(k.installer.URL, k.userspace)
 	res, err := fetch.Fetch(ctx, []fetch.File{{Name: name, URL: k.installer.URL, Size: -1, SHA256: k.installer.SHA256}}, fetch.Options{Dest: cache})
 	if err != nil {
 		return fmt.Errorf("nvidia_installer: download: %w", err)
@@ -58,7 +58,7 @@ func (k *Container) installUserspace(ctx context.Context, c *incus.Client, env *
 	}
 	if out.ExitCode != 0 {
 		return fmt.Errorf("nvidia_installer inside %s: %s exited %d; last lines:\n%s", k.name, strings.Join(args[1:], " "), out.ExitCode,
-			tailLines(append(out.Stdout, out.Stderr...), 15))
+			TailLines(append(out.Stdout, out.Stderr...), 15))
 	}
 	have, err := k.userspaceVersion(ctx, c)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // stepOf returns the step of addr in rep.
@@ -48,7 +49,7 @@ func TestServerOrphanPruneOffNeverDeletes(t *testing.T) {
 	}
 	ctx := context.Background()
 	for range 2 { // the loop's passes: never a delete
-		rep := testEngine(t, h.dir, noServer(false), KindsFor(Machine{}), h.store, agent.Options{Orphans: agent.OrphansByPlan}).Apply(ctx, nil)
+		rep := restest.Engine(t, h.dir, noServer(false), KindsFor(Machine{}), h.store, agent.Options{Orphans: agent.OrphansByPlan}).Apply(ctx, nil)
 		st := stepOf(t, rep, "server.qwen")
 		if st.Err != nil || st.Applied || !st.Orphan || st.Diff.Action != agent.Delete || !slices.ContainsFunc(st.Diff.Warnings, func(w string) bool { return strings.Contains(w, "prune = true") }) {
 			t.Fatalf("orphan with prune off: %v applied=%v %+v", st.Err, st.Applied, st.Diff)
@@ -57,17 +58,17 @@ func TestServerOrphanPruneOffNeverDeletes(t *testing.T) {
 			t.Fatalf("prune off touched the orphan: %+v alive=%v", r, alive(first.id()))
 		}
 	}
-	stat := testEngine(t, h.dir, noServer(false), KindsFor(Machine{}), h.store, agent.Options{}).Status(ctx)
+	stat := restest.Engine(t, h.dir, noServer(false), KindsFor(Machine{}), h.store, agent.Options{}).Status(ctx)
 	if st := stepOf(t, stat, "server.qwen"); st.Status == nil || st.Status.Healthy || st.Status.Metrics["orphan"] != 1 {
 		t.Errorf("orphan status: %+v", st.Status)
 	}
 
 	// prune = true, but the plan keeps no server: refused.
-	rep := testEngine(t, h.dir, noServer(true), KindsFor(Machine{}), h.store, agent.Options{}).Apply(ctx, nil)
+	rep := restest.Engine(t, h.dir, noServer(true), KindsFor(Machine{}), h.store, agent.Options{}).Apply(ctx, nil)
 	if st := stepOf(t, rep, "server.qwen"); !errors.Is(st.Err, agent.ErrDeletesAll) || !alive(first.id()) {
 		t.Fatalf("delete of every server: %v, alive %v", st.Err, alive(first.id()))
 	}
-	rep = testEngine(t, h.dir, noServer(true), KindsFor(Machine{}), h.store, agent.Options{AllowDeleteAll: true}).Apply(ctx, nil)
+	rep = restest.Engine(t, h.dir, noServer(true), KindsFor(Machine{}), h.store, agent.Options{AllowDeleteAll: true}).Apply(ctx, nil)
 	if st := stepOf(t, rep, "server.qwen"); st.Err != nil || !st.Applied || st.Diff.Action != agent.Delete {
 		t.Fatalf("pruned delete: %v %+v", st.Err, st.Diff)
 	}
@@ -92,11 +93,11 @@ func TestServerMovedKeepsPIDAndGeneration(t *testing.T) {
 	renamed := strings.Replace(srvPlan, `server "qwen" {`, `server "qwen2" {`, 1) + "\nmoved {\n  from = server.qwen\n  to   = server.qwen2\n}\n"
 	vars := []string{"fake=" + fakeSGLang(t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}
 	ctx := context.Background()
-	plan := testEngine(t, h.dir, renamed, KindsFor(Machine{}), h.store, agent.Options{Orphans: agent.OrphansDelete}, vars...).Plan(ctx)
+	plan := restest.Engine(t, h.dir, renamed, KindsFor(Machine{}), h.store, agent.Options{Orphans: agent.OrphansDelete}, vars...).Plan(ctx)
 	if len(plan.Steps) != 1 || plan.Steps[0].MovedFrom != "server.qwen" || plan.Steps[0].Err != nil || plan.Steps[0].Diff.Action != agent.NoOp {
 		t.Fatalf("plan of a rename: %d steps, %+v", len(plan.Steps), plan.Steps[0])
 	}
-	rep := testEngine(t, h.dir, renamed, KindsFor(Machine{}), h.store, agent.Options{Orphans: agent.OrphansDelete}, vars...).Apply(ctx, nil)
+	rep := restest.Engine(t, h.dir, renamed, KindsFor(Machine{}), h.store, agent.Options{Orphans: agent.OrphansDelete}, vars...).Apply(ctx, nil)
 	if st := rep.Steps[0]; len(rep.Steps) != 1 || st.Err != nil || st.Applied {
 		t.Fatalf("apply of a rename: %+v", st)
 	}
@@ -141,7 +142,7 @@ func TestContainerEnsureAbsentAndOrphan(t *testing.T) {
 	// Again, then the block leaves the plan: an orphan, deleted by its record.
 	h.apply(base)
 	src := fmt.Sprintf("variable \"incus_socket\" {}\nagent { incus_socket = var.incus_socket }\nfile \"f\" {\n  path = %q\n  content = \"x\"\n}\n", filepath.Join(h.dir, "f"))
-	e := testEngine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{Orphans: agent.OrphansDelete, StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
+	e := restest.Engine(t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{Orphans: agent.OrphansDelete, StepTimeout: time.Minute}, "incus_socket="+h.d.Socket)
 	rep := e.Apply(context.Background(), nil)
 	if st := stepOf(t, rep, "container.c"); st.Err != nil || !st.Applied || st.Diff.Action != agent.Delete || st.Diff.Changes[0].Why() != agent.ReasonOrphan {
 		t.Fatalf("orphan delete: %v %+v", st.Err, st.Diff)
@@ -185,9 +186,9 @@ func TestDownloadEnsureAbsentRemovesOnlyManifestFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dest, "mine.txt"), []byte("the operator's"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	store := openStore(t, filepath.Join(dir, "state"))
+	store := restest.OpenStore(t, filepath.Join(dir, "state"))
 	src := fmt.Sprintf("download \"m\" {\n  ensure = \"absent\"\n  dest = %q\n  file \"a.bin\" {\n    url    = \"http://127.0.0.1:1/a\"\n    sha256 = \"%s\"\n  }\n}\n", dest, files[0].SHA256)
-	e := testEngine(t, dir, src, KindsFor(Machine{}), store, agent.Options{})
+	e := restest.Engine(t, dir, src, KindsFor(Machine{}), store, agent.Options{})
 	st := e.Plan(ctx).Steps[0]
 	if st.Err != nil || st.Diff.Action != agent.Delete || len(st.Diff.Changes) != 2 {
 		t.Fatalf("plan: %v %+v", st.Err, st.Diff)
@@ -224,12 +225,12 @@ func TestDownloadEnsureAbsentRemovesOnlyManifestFiles(t *testing.T) {
 func TestOldOrphanRecordLeftAlone(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	store := openStore(t, filepath.Join(dir, "state"))
+	store := restest.OpenStore(t, filepath.Join(dir, "state"))
 	if err := store.Save("download.old", map[string]any{}); err != nil {
 		t.Fatal(err)
 	}
 	src := fmt.Sprintf("file \"f\" {\n  path    = %q\n  content = \"x\"\n}\n", filepath.Join(dir, "f"))
-	rep := testEngine(t, dir, src, KindsFor(Machine{}), store, agent.Options{Orphans: agent.OrphansDelete}).Plan(context.Background())
+	rep := restest.Engine(t, dir, src, KindsFor(Machine{}), store, agent.Options{Orphans: agent.OrphansDelete}).Plan(context.Background())
 	st := stepOf(t, rep, "download.old")
 	if st.Err != nil || st.Diff.Action != agent.NoOp || len(st.Diff.Warnings) != 1 || !strings.Contains(st.Diff.Warnings[0], "left alone") {
 		t.Fatalf("old orphan: %v %+v", st.Err, st.Diff)

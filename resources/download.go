@@ -91,7 +91,7 @@ type Download struct {
 	mu   sync.Mutex
 	memo *hubMemo // a branch resolved by this process
 
-	deletion // ensure = "absent", agent destroy, an orphan: download_delete.go
+	Deletion // ensure = "absent", agent destroy, an orphan: download_delete.go
 }
 
 type hubSource struct {
@@ -127,13 +127,13 @@ func DownloadKind(h Machine) agent.Kind {
 }
 
 func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
-	b := &binder{r: r}
-	bad := b.bad
+	b := &Binder{R: r}
+	bad := b.Bad
 	d := &Download{addr: r.Addr, dest: c.Dest, concurrency: 4, stall: 60 * time.Second,
-		timeout: defaultDownloadTimeout, insecure: deref(c.Insecure), getenv: os.Getenv}
+		timeout: defaultDownloadTimeout, insecure: Deref(c.Insecure), getenv: os.Getenv}
 	if !filepath.IsAbs(c.Dest) {
 		bad(r.Range("dest"), "Relative destination", fmt.Sprintf("dest %q must be absolute.", c.Dest))
-	} else if hasDotDot(c.Dest) {
+	} else if HasDotDot(c.Dest) {
 		bad(r.Range("dest"), "Destination with ..", fmt.Sprintf("dest %q has a \"..\" element; write the directory it means (%s), so the plan says where files land.", c.Dest, filepath.Clean(c.Dest)))
 	} else {
 		d.dest = filepath.Clean(c.Dest)
@@ -162,7 +162,7 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 		}
 		t, err := time.ParseDuration(*v)
 		if err != nil || t <= 0 {
-			b.badValue(r.Range(attr), "Invalid duration", fmt.Sprintf("%s %q is not a positive duration such as \"60s\" or \"24h\".", attr, *v))
+			b.BadValue(r.Range(attr), "Invalid duration", fmt.Sprintf("%s %q is not a positive duration such as \"60s\" or \"24h\".", attr, *v))
 			return
 		}
 		*into = t
@@ -191,15 +191,15 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 	}
 	d.bindFiles(b, c.Files)
 	d.bindHub(b, c.HuggingFace)
-	if b.diags.HasErrors() {
-		return nil, b.diags
+	if b.Diags.HasErrors() {
+		return nil, b.Diags
 	}
 	return d, nil
 }
 
 // bindFiles reads the file blocks: clean names inside dest, allowed URLs, a sha256 each.
-func (d *Download) bindFiles(b *binder, files []DownloadFileConfig) {
-	r, bad := b.r, b.bad
+func (d *Download) bindFiles(b *Binder, files []DownloadFileConfig) {
+	r, bad := b.R, b.Bad
 	seen := map[string]bool{}
 	for _, f := range files {
 		rng := r.Range("file")
@@ -233,12 +233,12 @@ func (d *Download) bindFiles(b *binder, files []DownloadFileConfig) {
 
 // bindHub reads the huggingface block: a repository id, a revision, an allowed endpoint,
 // the token file and the include and exclude patterns.
-func (d *Download) bindHub(b *binder, h *DownloadHubConfig) {
+func (d *Download) bindHub(b *Binder, h *DownloadHubConfig) {
 	if h == nil {
 		return
 	}
-	r, bad := b.r, b.bad
-	src := &hubSource{repo: h.Repo, revision: "main", endpoint: defaultHubEndpoint, tokenFile: deref(h.TokenFile)}
+	r, bad := b.R, b.Bad
+	src := &hubSource{repo: h.Repo, revision: "main", endpoint: defaultHubEndpoint, tokenFile: Deref(h.TokenFile)}
 	if h.Revision != nil {
 		src.revision = *h.Revision
 	}
@@ -420,7 +420,7 @@ func (d *Download) token() (string, []string, error) {
 // os.Stat alone: a converged download is confirmed without reading its data (and, pinned to
 // a commit, without the network). Extra files are warnings; they are never deleted.
 func (d *Download) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
-	if d.absent {
+	if d.Delete {
 		return d.checkAbsent(env)
 	}
 	var prev downloadRecord
@@ -499,7 +499,7 @@ func extraWarnings(extra []string) []string {
 // records the Hub commit. Progress goes to the terminal when there is one, and to state
 // (for `agent status` in another process) at most once a second.
 func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) error {
-	if d.absent {
+	if d.Delete {
 		return d.applyAbsent(env, diff)
 	}
 	det, ok := diff.Detail.(*downloadDetail)
@@ -572,7 +572,7 @@ func (d *Download) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) 
 // of the files and partial files (no data read), and, while an apply in another process is
 // downloading, its bytes, rate and ETA per file from the progress it records in state.
 func (d *Download) Status(ctx context.Context, env *agent.Env) (*agent.Status, error) {
-	if d.absent {
+	if d.Delete {
 		return d.absentStatus(env)
 	}
 	var rec downloadRecord

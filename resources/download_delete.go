@@ -26,19 +26,16 @@ import (
 
 var _ agent.Ensurer = (*Download)(nil)
 
-// Absent reports whether the plan says ensure = "absent".
-func (d *Download) Absent() bool { return d.absent && d.why == agent.ReasonEnsureAbsent }
-
 // AsAbsent is the download as agent destroy deletes it.
 func (d *Download) AsAbsent() agent.Resource {
-	return &Download{addr: d.addr, dest: d.dest, deletion: deletion{absent: true, why: agent.ReasonDestroy}}
+	return &Download{addr: d.addr, dest: d.dest, Deletion: Deletion{Delete: true, Why: agent.ReasonDestroy}}
 }
 
 func (d *Download) bindEnsure(r *plans.Resource, ensure *string) hcl.Diagnostics {
-	switch e := deref(ensure); e {
+	switch e := Deref(ensure); e {
 	case "", "present":
 	case "absent":
-		d.deletion = deletion{absent: true, why: agent.ReasonEnsureAbsent}
+		d.Deletion = Deletion{Delete: true, Why: agent.ReasonEnsureAbsent}
 	default:
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Invalid ensure", Subject: r.Range("ensure").Ptr(),
 			Detail: fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e)}}
@@ -56,9 +53,9 @@ func orphanDownload(addr string, st *state.Scoped) (agent.Resource, error) {
 		return nil, err
 	}
 	if rec.Dest == "" || !filepath.IsAbs(rec.Dest) {
-		return leftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not say where its files are: left alone; delete them yourself, then %s.json in the state directory's resources/", addr)}, nil
+		return LeftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not say where its files are: left alone; delete them yourself, then %s.json in the state directory's resources/", addr)}, nil
 	}
-	return &Download{addr: addr, dest: rec.Dest, deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}, nil
+	return &Download{addr: addr, dest: rec.Dest, Deletion: Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}, nil
 }
 
 // downloadDelete is what checkAbsent found, for applyAbsent.
@@ -84,10 +81,10 @@ func (d *Download) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 			return nil, err
 		}
 		det.files = append(det.files, n)
-		diff.Add(agent.Removed(fmt.Sprintf("file[%q]", n), agent.Raw(bytesize.Format(fi.Size()))).Because(agent.Deletes, d.why))
+		diff.Add(agent.Removed(fmt.Sprintf("file[%q]", n), agent.Raw(bytesize.Format(fi.Size()))).Because(agent.Deletes, d.Why))
 	}
 	if len(det.files) == 0 && len(names) > 0 {
-		diff.Add(agent.Removed("manifest", agent.Raw(filepath.Join(d.dest, fetch.ManifestName))).Because(agent.Deletes, d.why))
+		diff.Add(agent.Removed("manifest", agent.Raw(filepath.Join(d.dest, fetch.ManifestName))).Because(agent.Deletes, d.Why))
 	}
 	own, others, err := fetch.Contents(d.dest)
 	if err != nil {
@@ -103,7 +100,7 @@ func (d *Download) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 		}
 	}
 	if len(diff.Changes) == 0 && len(det.own) > 0 {
-		diff.Add(agent.Removed("leftovers", agent.Raw(fmt.Sprintf("%d files the agent keeps while downloading (%s)", len(det.own), strings.Join(det.own, ", ")))).Because(agent.Deletes, d.why))
+		diff.Add(agent.Removed("leftovers", agent.Raw(fmt.Sprintf("%d files the agent keeps while downloading (%s)", len(det.own), strings.Join(det.own, ", ")))).Because(agent.Deletes, d.Why))
 	}
 	var foreign []string
 	for _, n := range others {
@@ -128,7 +125,7 @@ func (d *Download) checkAbsent(env *agent.Env) (*agent.Diff, error) {
 			return agent.NoChange(), nil
 		}
 		det.forget = true
-		diff.Add(agent.Change{Attr: "record", Old: agent.Raw("no file of it is left in " + d.dest), HasOld: true, Effect: agent.Deletes, Reason: d.why})
+		diff.Add(agent.Change{Attr: "record", Old: agent.Raw("no file of it is left in " + d.dest), HasOld: true, Effect: agent.Deletes, Reason: d.Why})
 	}
 	return diff.Derive(), nil
 }
@@ -184,7 +181,7 @@ func (d *Download) applyAbsent(env *agent.Env, diff *agent.Diff) error {
 			}
 			_ = os.Remove(d.dest) // only when empty
 		}
-		env.Log.Info("deleted the download's files", "dest", d.dest, "files", len(det.files), "reason", string(d.why))
+		env.Log.Info("deleted the download's files", "dest", d.dest, "files", len(det.files), "reason", string(d.Why))
 	}
 	return env.State.Delete()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // A saved plan of a download from a Hub branch is bound to the commit the branch resolved
@@ -23,7 +24,7 @@ func TestDownloadSavedPlanRefusedWhenTheBranchMoved(t *testing.T) {
 	mustApply(t, engine(t, dir, src))
 
 	saved := func() *agent.Engine {
-		return testEngine(t, dir, src, Kinds(), openStore(t, filepath.Join(dir, ".state")),
+		return restest.Engine(t, dir, src, Kinds(), restest.OpenStore(t, filepath.Join(dir, ".state")),
 			agent.Options{FingerprintKey: []byte("key")}, "root="+dir)
 	}
 	st := planStep(t, saved(), "download.model")

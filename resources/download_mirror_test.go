@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // TestDownloadHubFromMirror: a second host whose plan names the first host's download as a
@@ -90,7 +91,7 @@ func TestDownloadHubFromMirror(t *testing.T) {
 	host3 := t.TempDir()
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	mustApply(t, testEngine(t, host3, withMirror(), Kinds(), openStore(t, filepath.Join(host3, ".state")), agent.Options{Log: log}, "root="+host3))
+	mustApply(t, restest.Engine(t, host3, withMirror(), Kinds(), restest.OpenStore(t, filepath.Join(host3, ".state")), agent.Options{Log: log}, "root="+host3))
 	for _, want := range []string{`msg="mirror passed over" resource=download.model file=model-00002-of-00002.safetensors`, "checksum mismatch",
 		"files_from_mirrors=3 files_from_origin=1 origin_bytes=204800"} {
 		if !strings.Contains(logs.String(), want) {
@@ -117,7 +118,7 @@ func TestDownloadHubFromMirror(t *testing.T) {
 func TestDownloadMirrorBindErrors(t *testing.T) {
 	t.Parallel()
 	for _, m := range []string{"ftp://peer/qwen", "http://user:pw@peer/qwen", "http://peer/qwen?x=1", "peer:8088/qwen"} {
-		_, diags := bindPlan(`download "x" {
+		_, diags := restest.BindPlan(`download "x" {
   dest    = "/m"
   mirrors = ["`+m+`"]
   huggingface { repo = "a/b" }
@@ -127,7 +128,7 @@ func TestDownloadMirrorBindErrors(t *testing.T) {
 			t.Errorf("mirror %q: diagnostics %q, want Invalid mirror (without the password)", m, diags.Error())
 		}
 	}
-	if _, diags := bindPlan(`download "x" {
+	if _, diags := restest.BindPlan(`download "x" {
   dest    = "/m"
   mirrors = ["http://kpro5.lan:8088/qwen", "https://peer/qwen/"]
   huggingface { repo = "a/b" }

@@ -25,6 +25,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 func randBytes(n int, seed uint64) []byte {
@@ -44,7 +45,7 @@ func sha(b []byte) string {
 // call is a fresh engine, as a new agent process would be.
 func engine(t testing.TB, dir, src string) *agent.Engine {
 	t.Helper()
-	return testEngine(t, dir, src, Kinds(), openStore(t, filepath.Join(dir, ".state")), agent.Options{}, "root="+dir)
+	return restest.Engine(t, dir, src, Kinds(), restest.OpenStore(t, filepath.Join(dir, ".state")), agent.Options{}, "root="+dir)
 }
 
 func mustApply(t testing.TB, e *agent.Engine) *agent.Report {
@@ -586,14 +587,14 @@ func TestDownloadBindErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, diags := bindPlan("download \"x\" {\n  "+tc.body+"\n}\n", Kinds())
+			_, diags := restest.BindPlan("download \"x\" {\n  "+tc.body+"\n}\n", Kinds())
 			if !strings.Contains(diags.Error(), tc.want) {
 				t.Errorf("diagnostics %q, want %q", diags.Error(), tc.want)
 			}
 		})
 	}
 	// insecure = true allows plain http to any host.
-	if _, diags := bindPlan(`download "x" {
+	if _, diags := restest.BindPlan(`download "x" {
   dest     = "/m"
   insecure = true
   file "a" {

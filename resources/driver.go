@@ -42,10 +42,6 @@ const (
 	nouveauBlacklistContent = "blacklist nouveau\noptions nouveau modeset=0\n"
 )
 
-// DriverTimeout bounds one observe or apply of nvidia_driver: the installer downloads
-// some 400 MB and builds a kernel module.
-const DriverTimeout = 45 * time.Minute
-
 // Driver is the NVIDIA kernel driver and its userspace libraries on the host.
 //
 // It compares three facts with the plan's version: the loaded kernel module, the
@@ -94,12 +90,12 @@ func bindDriver(r *plans.Resource, c *DriverConfig, h Machine) (agent.Resource, 
 	bad := func(summary, detail string, path ...string) {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Range(path...).Ptr()})
 	}
-	d := &Driver{addr: r.Addr, name: r.Name, version: c.Version, installer: c.Installer, pkg: deref(c.Package),
+	d := &Driver{addr: r.Addr, name: r.Name, version: c.Version, installer: c.Installer, pkg: Deref(c.Package),
 		persistence: c.PersistenceMode, blacklist: c.BlacklistNouveau == nil || *c.BlacklistNouveau, host: h}
 	if !driverVersionRE.MatchString(c.Version) {
 		bad("Invalid driver version", fmt.Sprintf("version %q is not an NVIDIA driver version such as \"580.95.05\".", c.Version), "version")
 	}
-	switch rb := deref(c.Reboot); rb {
+	switch rb := Deref(c.Reboot); rb {
 	case "", "never":
 	case "allowed":
 		d.rebootAllowed = true
@@ -193,7 +189,7 @@ func (d *Driver) rebootCauses(o *driverObs) []rebootCause {
 }
 
 func (d *Driver) blacklistFile() *File {
-	mode := octalMode(0o644)
+	mode := OctalMode(0o644)
 	return &File{addr: d.addr + ".blacklist_nouveau", path: d.host.path(nouveauBlacklistPath),
 		content: []byte(nouveauBlacklistContent), mode: &mode}
 }

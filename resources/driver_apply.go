@@ -5,11 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"path"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -83,7 +80,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 			v = "1"
 		}
 		if out, err := d.host.Run.Run(ctx, Command{Name: "nvidia-smi", Args: []string{"-pm", v}}); err != nil {
-			return fmt.Errorf("persistence mode: nvidia-smi -pm %s: %w: %s", v, err, tailLines(out, 5))
+			return fmt.Errorf("persistence mode: nvidia-smi -pm %s: %w: %s", v, err, TailLines(out, 5))
 		}
 	}
 
@@ -126,7 +123,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 	}
 	env.Log.Warn("rebooting the host", "reason", rec.RebootRequested.Reason)
 	if out, err := d.host.Run.Run(ctx, Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {
-		return fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, tailLines(out, 5))
+		return fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, TailLines(out, 5))
 	}
 	return nil
 }
@@ -216,7 +213,7 @@ func (d *Driver) install(ctx context.Context, env *agent.Env) (*installNote, err
 	quote := logPath // the log whose tail explains a failure
 	if d.installer != nil {
 		note.Method = "installer " + d.installer.URL
-		name := installerName(d.installer.URL, d.version)
+		name := InstallerName(d.installer.URL, d.version)
 		opts := d.fetchOpts
 		opts.Dest = filepath.Join(dir, "cache")
 		res, err := fetch.Fetch(ctx, []fetch.File{{Name: name, URL: d.installer.URL, Size: -1, SHA256: d.installer.SHA256}}, opts)
@@ -282,18 +279,9 @@ func (d *Driver) updateInitramfs(ctx context.Context, env *agent.Env) error {
 		return nil
 	}
 	if out, err := d.host.Run.Run(ctx, cmd); err != nil {
-		return fmt.Errorf("nouveau blacklist: %s: %w: %s", cmd, err, tailLines(out, 10))
+		return fmt.Errorf("nouveau blacklist: %s: %w: %s", cmd, err, TailLines(out, 10))
 	}
 	return nil
-}
-
-func installerName(rawURL, version string) string {
-	if u, err := url.Parse(rawURL); err == nil {
-		if b := path.Base(u.Path); strings.HasSuffix(b, ".run") && !strings.HasPrefix(b, ".") {
-			return b
-		}
-	}
-	return "NVIDIA-Linux-" + version + ".run"
 }
 
 func exists(p string) bool {
@@ -306,13 +294,5 @@ func tailFile(p string, n int) string {
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}
-	return tailLines(data, n)
-}
-
-func tailLines(b []byte, n int) string {
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return TailLines(data, n)
 }

@@ -2,12 +2,13 @@ package resources
 
 import (
 	"errors"
-	"github.com/agent-dev/agent/internal/testbin"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // Issue 6 point 4: the agent builds with CGO_ENABLED=0 (no NVML) and, pointed at a fake

@@ -23,6 +23,7 @@ import (
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // Fake host trees, unpacked into t.TempDir() (names like gpus/0000:01:00.0 contain
@@ -241,13 +242,13 @@ nvidia_driver "host" {
 // driverEngine is an engine for src on h, with the engine's state under h.StateDir.
 func driverEngine(t *testing.T, h Machine, src string) *agent.Engine {
 	t.Helper()
-	return testEngine(t, t.TempDir(), src, []agent.Kind{DriverKind(h)}, openStore(t, filepath.Join(h.StateDir, "state")), agent.Options{})
+	return restest.Engine(t, t.TempDir(), src, []agent.Kind{DriverKind(h)}, restest.OpenStore(t, filepath.Join(h.StateDir, "state")), agent.Options{})
 }
 
 // bindForTest binds src on h and returns its one driver, to be driven directly.
 func bindForTest(t *testing.T, h Machine, src string) *Driver {
 	t.Helper()
-	res, diags := bindPlan(src, []agent.Kind{DriverKind(h)})
+	res, diags := restest.BindPlan(src, []agent.Kind{DriverKind(h)})
 	if diags.HasErrors() {
 		t.Fatal(diags.Error())
 	}
@@ -832,7 +833,7 @@ func TestDriverBindErrors(t *testing.T) {
   package = " "
 }`, "Empty package"},
 	} {
-		_, diags := bindPlan(tc.src, []agent.Kind{DriverKind(Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
+		_, diags := restest.BindPlan(tc.src, []agent.Kind{DriverKind(Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
 		if !diags.HasErrors() || !strings.Contains(diags.Error(), tc.want) {
 			t.Errorf("%s:\ndiagnostics %v, want %q", tc.src, diags, tc.want)
 		}

@@ -75,14 +75,14 @@ func bindFile(r *plans.Resource, c *FileConfig) (agent.Resource, hcl.Diagnostics
 	bad := func(attr, summary, detail string) {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Range(attr).Ptr()})
 	}
-	f := &File{addr: r.Addr, path: c.Path, owner: deref(c.Owner), group: deref(c.Group)}
-	f.sensitive = deref(c.Sensitive) || r.Sensitive["content"] || r.Sensitive["source"]
+	f := &File{addr: r.Addr, path: c.Path, owner: Deref(c.Owner), group: Deref(c.Group)}
+	f.sensitive = Deref(c.Sensitive) || r.Sensitive["content"] || r.Sensitive["source"]
 	if !filepath.IsAbs(c.Path) {
 		bad("path", "Relative file path", fmt.Sprintf("path %q must be absolute: the agent's working directory is not part of the plan.", c.Path))
 	} else if filepath.Clean(c.Path) != c.Path {
 		bad("path", "Unclean file path", fmt.Sprintf("write path as %q.", filepath.Clean(c.Path)))
 	}
-	switch e := deref(c.Ensure); e {
+	switch e := Deref(c.Ensure); e {
 	case "", "present":
 	case "absent":
 		f.absent = true
@@ -109,7 +109,7 @@ func bindFile(r *plans.Resource, c *FileConfig) (agent.Resource, hcl.Diagnostics
 		if err != nil || m > 0o7777 {
 			bad("mode", "Invalid mode", fmt.Sprintf("mode %q is not an octal permission such as \"0644\".", *c.Mode))
 		} else {
-			fm := octalMode(uint32(m))
+			fm := OctalMode(uint32(m))
 			f.mode = &fm
 		}
 	}
@@ -119,7 +119,7 @@ func bindFile(r *plans.Resource, c *FileConfig) (agent.Resource, hcl.Diagnostics
 	return f, nil
 }
 
-func deref[T any](p *T) T {
+func Deref[T any](p *T) T {
 	var zero T
 	if p == nil {
 		return zero
@@ -313,9 +313,9 @@ func modeBits(m fs.FileMode) uint32 {
 	return b
 }
 
-// octalMode converts chmod(1)-style bits to an fs.FileMode, whose setuid, setgid and
+// OctalMode converts chmod(1)-style bits to an fs.FileMode, whose setuid, setgid and
 // sticky bits are flags rather than the octal 4000, 2000, 1000.
-func octalMode(b uint32) fs.FileMode {
+func OctalMode(b uint32) fs.FileMode {
 	m := fs.FileMode(b & 0o777)
 	if b&0o4000 != 0 {
 		m |= fs.ModeSetuid

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // applyPlan loads src, applies it and returns the report; dir is the plan directory.
@@ -172,7 +173,7 @@ mode = "0999"`, "Invalid mode"},
 	}
 	for _, tt := range tests {
 		src := "file \"a\" {\n" + tt.body + "\n}\n"
-		_, diags := bindPlan(src, Kinds())
+		_, diags := restest.BindPlan(src, Kinds())
 		if !diags.HasErrors() || diags[0].Summary != tt.want || diags[0].Subject == nil {
 			t.Errorf("Bind(%q) = %v, want %q with a source range", tt.body, diags, tt.want)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // liveGPU is a GPU observer on which the given PIDs hold memory while they are alive.
@@ -43,7 +44,7 @@ func startGroup(t *testing.T) (*exec.Cmd, proc.Stat) {
 
 func TestServerStopperStopsOnlyRecordedServers(t *testing.T) {
 	t.Parallel()
-	store := openStore(t, t.TempDir())
+	store := restest.OpenStore(t, t.TempDir())
 	_, ours := startGroup(t)
 	_, foreign := startGroup(t)
 	// Its recorded stop block: SIGINT (which sleep obeys) within 5 s.
@@ -69,7 +70,7 @@ func TestServerStopperStopsOnlyRecordedServers(t *testing.T) {
 
 func TestServerStopperIgnoresStaleRecords(t *testing.T) {
 	t.Parallel()
-	store := openStore(t, t.TempDir())
+	store := restest.OpenStore(t, t.TempDir())
 	_, live := startGroup(t)
 	// A record whose PID was reused: same PID, another start time. Never signalled.
 	rec := serverRecord{PID: live.PID, StartTicks: live.StartTicks + 1, PGID: live.PGRP, SID: live.Session}

@@ -27,6 +27,10 @@ type Machine struct {
 	// (the server resource implements it); nil: a driver change refuses to run while
 	// processes use the GPUs, and names them.
 	StopGPUServers GPUServerStopper
+	// Containers and Servers answer one kind's questions of another's records
+	// (peers.go); resources/registry sets them to the container and server kinds.
+	Containers Containers
+	Servers    Servers
 	// IncusRemote makes servers in containers run as on another cluster member: their
 	// processes observed, stopped and watched inside through the Incus API only, their
 	// logs read through its file API (lifecycle.Incus.Remote). Tests set it: the test

@@ -17,6 +17,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // TestCheckWritesNothing (issue 24): every kind's Check runs against a state store that
@@ -30,7 +31,7 @@ func TestCheckWritesNothing(t *testing.T) {
 	t.Run("file", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
-		store := openStore(t, filepath.Join(dir, ".state"))
+		store := restest.OpenStore(t, filepath.Join(dir, ".state"))
 		src := "variable \"root\" {}\nfile \"f\" {\n  path    = \"${var.root}/f.conf\"\n  content = \"x\\n\"\n}\n"
 		if d := checkWritesNothing(t, dir, src, Kinds(), store, "file.f", "root="+dir); d.Action != agent.Create {
 			t.Errorf("diff %+v, want a create", d)
@@ -41,7 +42,7 @@ func TestCheckWritesNothing(t *testing.T) {
 		root := fakeRoot(t, tree570)
 		h := Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
 		dir := t.TempDir()
-		store := openStore(t, filepath.Join(dir, ".state"))
+		store := restest.OpenStore(t, filepath.Join(dir, ".state"))
 		if d := checkWritesNothing(t, dir, `nvidia_driver "host" { version = "570.172.08" }`, KindsFor(h), store, "nvidia_driver.host"); d.Action != agent.NoOp {
 			t.Errorf("diff %+v, want a no-op", d)
 		}
@@ -52,7 +53,7 @@ func TestCheckWritesNothing(t *testing.T) {
 		hub := newFakeHub(t, hubFiles())
 		tokenFile := filepath.Join(dir, "hf-token")
 		os.WriteFile(tokenFile, []byte(hub.token+"\n"), 0o600)
-		store := openStore(t, filepath.Join(dir, ".state"))
+		store := restest.OpenStore(t, filepath.Join(dir, ".state"))
 		d := checkWritesNothing(t, dir, hubPlan(hub, tokenFile, "main"), Kinds(), store, "download.model", "root="+dir)
 		if rec, ok := recordOf[*downloadRecord](d); d.Record == nil || !ok || rec.Hub == nil || rec.Hub.Commit == "" {
 			t.Errorf("the listing is not in the diff as a record update: %+v", d.Record)
@@ -143,7 +144,7 @@ func (h *srvHarness) checkWritesNothing() *agent.Diff {
 // directory.
 func checkWritesNothing(t *testing.T, dir, src string, kinds []agent.Kind, store *state.Store, addr string, vars ...string) *agent.Diff {
 	t.Helper()
-	p := loadPlan(t, dir, src, kinds, vars...)
+	p := restest.LoadPlan(t, dir, src, kinds, vars...)
 	res, diags := agent.Bind(p, kinds)
 	if diags.HasErrors() {
 		t.Fatal(diags)

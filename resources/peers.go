@@ -4,59 +4,58 @@ import (
 	"errors"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 )
 
 // The questions one kind asks of what another recorded, in one place and read-only: a
 // kind reads its own record through env.State, and another's only through these, over
-// the store's read-only view (state.View). Each question names both sides; a record that
-// cannot be read is passed over, and where the records cannot be listed at all the
-// caller gets the answer that keeps the host safe.
+// the store's read-only view (state.View). Each question is a small interface that the
+// kind owning the record implements and resources/registry hands to the kind that asks
+// (through Machine), so that no kind imports another. A record that cannot be read is
+// passed over, and where the records cannot be listed at all the caller gets the answer
+// that keeps the host safe.
 //
-//   - liveInstance (server asks container): the instance a server must run in now.
-//   - serversIn (container asks server): whether a migration would interrupt a server.
-//   - recordedElsewhere (server asks server): whether another record names a process.
-//   - serverRecords (driver asks server, through Machine.StopGPUServers): the servers to
-//     stop before a driver change.
+//   - Containers.LiveInstance (server asks container): the instance a server must run in
+//     now.
+//   - Servers.RunIn (container asks server): whether a migration would interrupt a server.
+//   - GPUServerStopper (driver asks server, through Machine.StopGPUServers): the servers to
+//     stop before a driver change (host.go).
 
-// liveInstance is, for a server in the instance the plan names name, the instance it
-// must run in now and the one retiring from a migration ("" when none), from the record
-// of the container block that manages name (container_migrate.go). Without one, name
-// itself.
-func liveInstance(env *agent.Env, name string) (live, retiring string) {
-	live = name
-	eachRecord(env, "container", func(_ string, rec containerRecord) bool {
-		if rec.Base != name {
-			return true
-		}
-		if rec.Instance == pairName(name, name) {
-			live = rec.Instance
-		}
-		retiring = rec.Retiring
-		return false
-	})
-	return live, retiring
+// Containers is what the container kind answers about the instances it manages.
+type Containers interface {
+	// LiveInstance is, for a server in the instance the plan names name, the instance it
+	// must run in now and the one retiring from a migration ("" when none), from the
+	// record of the container block that manages name. Without one, name itself.
+	LiveInstance(env *agent.Env, name string) (live, retiring string)
 }
 
-// serversIn reports whether a server the agent launched (and has not stopped for good)
-// runs in the instance, by the servers' records: what a migration must not interrupt.
-// Unknown (no records to read) is true: make before break, the safe way.
-func serversIn(env *agent.Env, instance string) bool {
-	found := false
-	ok := eachRecord(env, "server", func(_ string, rec serverRecord) bool {
-		found = rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance)
-		return !found
-	})
-	return found || !ok
+// Servers is what the server kind answers about the servers it launched.
+type Servers interface {
+	// RunIn reports whether a server the agent launched (and has not stopped for good)
+	// runs in the instance, by the servers' records: what a migration must not
+	// interrupt. Unknown (no records to read) is true: make before break, the safe way.
+	RunIn(env *agent.Env, instance string) bool
+}
+
+// LiveInstance asks h.Containers; without one (a kind built alone, in a test), name.
+func (h Machine) LiveInstance(env *agent.Env, name string) (live, retiring string) {
+	if h.Containers == nil {
+		return name, ""
+	}
+	return h.Containers.LiveInstance(env, name)
+}
+
+// ServersIn asks h.Servers; without one, true: the safe answer.
+func (h Machine) ServersIn(env *agent.Env, instance string) bool {
+	return h.Servers == nil || h.Servers.RunIn(env, instance)
 }
 
 // recordedElsewhere names another server record (not stopped) that holds the process
 // st: a server never adopts what another record names, so two records never name one PID.
 func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
 	holder := ""
-	eachRecord(env, "server", func(addr string, rec serverRecord) bool {
+	EachRecord(env, "server", func(addr string, rec serverRecord) bool {
 		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
 			holder = addr
 		}
@@ -96,10 +95,10 @@ func serverRecords(records *state.View) ([]namedServer, error) {
 	return out, errors.Join(errs...)
 }
 
-// eachRecord calls fn with every other record of kind, decoded as T, until fn returns
+// EachRecord calls fn with every other record of kind, decoded as T, until fn returns
 // false. It reports false when the records could not be listed (or env has no state):
 // the caller then does not know, and must choose the safe answer itself.
-func eachRecord[T any](env *agent.Env, kind string, fn func(addr string, rec T) bool) bool {
+func EachRecord[T any](env *agent.Env, kind string, fn func(addr string, rec T) bool) bool {
 	if env == nil || env.State == nil {
 		return false
 	}

@@ -120,7 +120,7 @@ type Server struct {
 	argvSensitive  bool                  // some flag does: the rendered command line holds a secret
 	noRevert       bool                  // revert = false: a failed change is not rolled back (server_revert.go)
 	liveness       livenessPlan          // the liveness block, or the engine's default (server_liveness.go)
-	deletion                             // ensure = "absent", agent destroy, an orphan: server_delete.go
+	Deletion                             // ensure = "absent", agent destroy, an orphan: server_delete.go
 }
 
 var (

@@ -15,7 +15,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if !ok {
 		return fmt.Errorf("internal error: diff detail is %T", d.Detail)
 	}
-	if s.absent {
+	if s.Delete {
 		return s.applyAbsent(ctx, env, det)
 	}
 	if det.adopt {

@@ -26,10 +26,10 @@ var signals = map[string]syscall.Signal{
 // bindServer checks a server block beyond its types and returns the Server: its
 // command and place, its paths, and its ready, stop and smoke_test blocks.
 func bindServer(h Machine, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
-	b := &binder{r: r}
+	b := &Binder{R: r}
 	s := &Server{
 		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env, clients: new(sync.Map),
-		workdir: defaultWorkdir, user: deref(c.User), takeover: deref(c.Takeover),
+		workdir: defaultWorkdir, user: Deref(c.User), takeover: Deref(c.Takeover),
 		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
 		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout, Settle: DefaultSettle},
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout,
@@ -39,47 +39,47 @@ func bindServer(h Machine, r *plans.Resource, c *ServerConfig) (agent.Resource, 
 	}
 	s.bindCommand(b, c)
 	s.bindPaths(b, c)
-	s.grace = b.duration(c.UnhealthyGrace, DefaultUnhealthyGrace, "unhealthy_grace")
+	s.grace = b.Duration(c.UnhealthyGrace, DefaultUnhealthyGrace, "unhealthy_grace")
 	s.noRevert = c.Revert != nil && !*c.Revert
-	s.bindEnsure(r, c.Ensure, b.bad)
-	switch p := deref(c.Preflight); p {
+	s.bindEnsure(r, c.Ensure, b.Bad)
+	switch p := Deref(c.Preflight); p {
 	case "", "warn":
 		s.preflightMode = "warn"
 	case "enforce", "off":
 		s.preflightMode = p
 	default:
-		b.bad(r.Range("preflight"), "Invalid preflight", fmt.Sprintf("preflight is \"warn\" (the default), \"enforce\" or \"off\", not %q.", p))
+		b.Bad(r.Range("preflight"), "Invalid preflight", fmt.Sprintf("preflight is \"warn\" (the default), \"enforce\" or \"off\", not %q.", p))
 	}
 	s.bindReady(b, c.Ready)
 	s.bindStop(b, c.Stop)
 	s.bindSmoke(b, c.SmokeTest)
 	s.bindLiveness(b, c.Liveness)
-	if b.diags.HasErrors() {
-		return nil, b.diags
+	if b.Diags.HasErrors() {
+		return nil, b.Diags
 	}
 	return s, nil
 }
 
 // bindCommand reads the place (the host, or a container), the command, its flags and the
 // port (port, or flags["port"]; both must agree).
-func (s *Server) bindCommand(b *binder, c *ServerConfig) {
-	r := b.r
+func (s *Server) bindCommand(b *Binder, c *ServerConfig) {
+	r := b.R
 	s.place = lifecycle.Local{}.Name()
 	if c.Container != nil {
 		s.container = *c.Container
 		s.place = lifecycle.IncusPlace(s.container)
-		if !validInstanceName(s.container) {
-			b.bad(r.Range("container"), "Invalid container", fmt.Sprintf("container = %q is not an Incus instance name (letters, digits and dashes, starting with a letter); write container = container.NAME.name.", s.container))
+		if !ValidInstanceName(s.container) {
+			b.Bad(r.Range("container"), "Invalid container", fmt.Sprintf("container = %q is not an Incus instance name (letters, digits and dashes, starting with a letter); write container = container.NAME.name.", s.container))
 		}
 	}
 	if len(c.Command) == 0 || c.Command[0] == "" {
-		b.bad(r.Range("command"), "Empty command", `command is the program and its first arguments, e.g. ["python3", "-m", "sglang.launch_server"].`)
+		b.Bad(r.Range("command"), "Empty command", `command is the program and its first arguments, e.g. ["python3", "-m", "sglang.launch_server"].`)
 	}
 	flagPort := 0
 	if c.Flags != cty.NilVal && !c.Flags.IsNull() {
 		fl, port, msg := renderFlags(c.Flags)
 		if msg != "" {
-			b.bad(r.Range("flags"), "Invalid flags", msg)
+			b.Bad(r.Range("flags"), "Invalid flags", msg)
 		}
 		s.flags, flagPort = fl, port
 		for _, f := range fl {
@@ -90,9 +90,9 @@ func (s *Server) bindCommand(b *binder, c *ServerConfig) {
 	}
 	switch {
 	case c.Port != nil && (*c.Port <= 0 || *c.Port > 65535):
-		b.bad(r.Range("port"), "Invalid port", fmt.Sprintf("port %d is not a TCP port (1-65535).", *c.Port))
+		b.Bad(r.Range("port"), "Invalid port", fmt.Sprintf("port %d is not a TCP port (1-65535).", *c.Port))
 	case c.Port != nil && flagPort != 0 && *c.Port != flagPort:
-		b.bad(r.Range("port"), "Port differs from flags", fmt.Sprintf("port = %d but flags[\"port\"] = %d: the agent would watch one port while the server listens on the other.", *c.Port, flagPort))
+		b.Bad(r.Range("port"), "Port differs from flags", fmt.Sprintf("port = %d but flags[\"port\"] = %d: the agent would watch one port while the server listens on the other.", *c.Port, flagPort))
 	case c.Port != nil:
 		s.port = *c.Port
 	default:
@@ -101,60 +101,60 @@ func (s *Server) bindCommand(b *binder, c *ServerConfig) {
 }
 
 // bindPaths reads workdir, home, log_dir and keep_logs.
-func (s *Server) bindPaths(b *binder, c *ServerConfig) {
-	r := b.r
+func (s *Server) bindPaths(b *Binder, c *ServerConfig) {
+	r := b.R
 	if c.Workdir != nil {
 		s.workdir = *c.Workdir
 		if !filepath.IsAbs(s.workdir) {
-			b.bad(r.Range("workdir"), "Relative workdir", "workdir must be an absolute path.")
+			b.Bad(r.Range("workdir"), "Relative workdir", "workdir must be an absolute path.")
 		}
 	}
 	if c.Home != nil {
 		s.home = *c.Home
 		if !filepath.IsAbs(s.home) {
-			b.bad(r.Range("home"), "Relative home", "home must be an absolute path.")
+			b.Bad(r.Range("home"), "Relative home", "home must be an absolute path.")
 		}
 	}
 	if c.LogDir != nil {
 		s.logDir = *c.LogDir
 		if !filepath.IsAbs(s.logDir) {
-			b.bad(r.Range("log_dir"), "Relative log_dir", "log_dir must be an absolute path.")
-		} else if hasDotDot(s.logDir) {
-			b.bad(r.Range("log_dir"), "log_dir with ..", fmt.Sprintf("log_dir %q has a \"..\" element; write the directory it means (%s).", s.logDir, filepath.Clean(s.logDir)))
+			b.Bad(r.Range("log_dir"), "Relative log_dir", "log_dir must be an absolute path.")
+		} else if HasDotDot(s.logDir) {
+			b.Bad(r.Range("log_dir"), "log_dir with ..", fmt.Sprintf("log_dir %q has a \"..\" element; write the directory it means (%s).", s.logDir, filepath.Clean(s.logDir)))
 		}
 	}
 	if c.KeepLogs != nil {
 		s.keepLogs = *c.KeepLogs
 		if s.keepLogs < 1 {
-			b.bad(r.Range("keep_logs"), "Invalid keep_logs", "keep_logs counts the current generation's log, so it is at least 1.")
+			b.Bad(r.Range("keep_logs"), "Invalid keep_logs", "keep_logs counts the current generation's log, so it is at least 1.")
 		}
 	}
 }
 
 // bindReady reads the ready block: an HTTP path on the port, or a log line.
-func (s *Server) bindReady(b *binder, c *ServerReadyConfig) {
+func (s *Server) bindReady(b *Binder, c *ServerReadyConfig) {
 	if c == nil {
 		return
 	}
-	r := b.r
-	s.ready.HTTP = deref(c.HTTP)
-	s.ready.LogLine = deref(c.LogLine)
-	s.ready.Timeout = b.duration(c.Timeout, DefaultReadyTimeout, "ready", "timeout")
-	s.ready.Settle = settleDuration(c.Settle, b.badValue, r.Range("ready", "settle"))
+	r := b.R
+	s.ready.HTTP = Deref(c.HTTP)
+	s.ready.LogLine = Deref(c.LogLine)
+	s.ready.Timeout = b.Duration(c.Timeout, DefaultReadyTimeout, "ready", "timeout")
+	s.ready.Settle = settleDuration(c.Settle, b.BadValue, r.Range("ready", "settle"))
 	if s.ready.HTTP != "" && !strings.HasPrefix(s.ready.HTTP, "/") {
-		b.bad(r.Range("ready", "http"), "Invalid ready.http", "ready.http is a path on the server's port, such as \"/health\".")
+		b.Bad(r.Range("ready", "http"), "Invalid ready.http", "ready.http is a path on the server's port, such as \"/health\".")
 	}
 	if s.ready.HTTP != "" && s.port == 0 {
-		b.bad(r.Range("ready", "http"), "No port", "ready.http needs the server's port: set port (or flags[\"port\"]).")
+		b.Bad(r.Range("ready", "http"), "No port", "ready.http needs the server's port: set port (or flags[\"port\"]).")
 	}
 }
 
 // bindStop reads the stop block: the signal and how long to wait for it.
-func (s *Server) bindStop(b *binder, c *ServerStopConfig) {
+func (s *Server) bindStop(b *Binder, c *ServerStopConfig) {
 	if c == nil {
 		return
 	}
-	s.stopTimeout = b.duration(c.Timeout, DefaultStopTimeout, "stop", "timeout")
+	s.stopTimeout = b.Duration(c.Timeout, DefaultStopTimeout, "stop", "timeout")
 	if c.Signal == nil {
 		return
 	}
@@ -164,31 +164,31 @@ func (s *Server) bindStop(b *binder, c *ServerStopConfig) {
 	}
 	sig, ok := signals[name]
 	if !ok {
-		b.bad(b.r.Range("stop", "signal"), "Unknown signal", fmt.Sprintf("stop.signal %q is not one of SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGKILL, SIGUSR1, SIGUSR2.", *c.Signal))
+		b.Bad(b.R.Range("stop", "signal"), "Unknown signal", fmt.Sprintf("stop.signal %q is not one of SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGKILL, SIGUSR1, SIGUSR2.", *c.Signal))
 	}
 	s.stopSignal = sig
 }
 
 // bindSmoke reads the smoke_test block; the server's api-key flag, if any, is its key.
-func (s *Server) bindSmoke(b *binder, c *ServerSmokeConfig) {
+func (s *Server) bindSmoke(b *Binder, c *ServerSmokeConfig) {
 	if c == nil {
 		return
 	}
-	r := b.r
-	sm := &lifecycle.Smoke{Prompt: c.Prompt, MaxTokens: 512, Expect: deref(c.Expect), MaxRepetition: -1}
+	r := b.R
+	sm := &lifecycle.Smoke{Prompt: c.Prompt, MaxTokens: 512, Expect: Deref(c.Expect), MaxRepetition: -1}
 	if c.MaxTokens != nil {
 		sm.MaxTokens = *c.MaxTokens
 	}
 	if p := c.MaxRepetition; p != nil {
 		if *p < 0 || *p > 1 {
-			b.bad(r.Range("smoke_test", "max_repetition"), "Invalid max_repetition", "max_repetition is a share of the output, between 0 and 1.")
+			b.Bad(r.Range("smoke_test", "max_repetition"), "Invalid max_repetition", "max_repetition is a share of the output, between 0 and 1.")
 		}
 		sm.MaxRepetition = *p
 	}
 	if v := c.Sampling; v != cty.NilVal && !v.IsNull() {
 		m, msg := sampling(v)
 		if msg != "" {
-			b.bad(r.Range("smoke_test", "sampling"), "Invalid sampling", msg)
+			b.Bad(r.Range("smoke_test", "sampling"), "Invalid sampling", msg)
 		}
 		sm.Sampling = m
 	}
@@ -198,7 +198,7 @@ func (s *Server) bindSmoke(b *binder, c *ServerSmokeConfig) {
 		}
 	}
 	if s.port == 0 {
-		b.bad(r.Range("smoke_test"), "No port", "smoke_test needs the server's port: set port (or flags[\"port\"]).")
+		b.Bad(r.Range("smoke_test"), "No port", "smoke_test needs the server's port: set port (or flags[\"port\"]).")
 	}
 	s.smoke = sm
 }

@@ -21,5 +21,5 @@ func incusMember(ctx context.Context, lc *lifecycle.Lifecycle) string {
 	if err != nil {
 		return ""
 	}
-	return instanceMember(inst)
+	return InstanceMember(inst)
 }

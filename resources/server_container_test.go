@@ -17,6 +17,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus/incustest"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // The fake SGLang server built statically, to run in the busybox container.
@@ -132,7 +133,7 @@ func onMember2(t *testing.T, c *incustest.Cluster, socket string, m Machine) (*c
 	src := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1) + ctrSrvServer
 	engine := func(m Machine, vars ...string) *agent.Engine {
 		vars = append([]string{"incus_socket=" + socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-		return testEngine(t, h.dir, src, KindsFor(m), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+		return restest.Engine(t, h.dir, src, KindsFor(m), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 	}
 	// The container first, then the program in it (as TestServerInContainer does).
 	if st := engine(m).Apply(context.Background(), nil).Steps[0]; st.Addr != "container.c" || st.Err != nil {
@@ -150,7 +151,7 @@ func (h *ctrSrvHarness) engine(withServer bool, vars ...string) *agent.Engine {
 		src += ctrSrvServer
 	}
 	vars = append([]string{"incus_socket=" + h.d.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
+	return restest.Engine(h.t, h.dir, src, KindsFor(Machine{GPU: a6000}), h.store, agent.Options{StepTimeout: 2 * time.Minute}, vars...)
 }
 
 // step returns the server's step of a report.

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/agent-dev/agent/internal/state"
 	"strings"
 	"time"
+
+	"github.com/agent-dev/agent/internal/state"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
@@ -45,7 +46,7 @@ type serverDetail struct {
 
 // Check observes the recorded process in /proc and its readiness, and the port.
 func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error) {
-	if s.absent {
+	if s.Delete {
 		return s.checkAbsent(ctx, env)
 	}
 	s = s.liveView(env)

@@ -16,36 +16,20 @@ import (
 	"github.com/agent-dev/agent/plans"
 )
 
-// deletion is how a Server is deleted rather than run: the plan's ensure = "absent",
-// agent destroy, or an orphan (a record whose block left the plan). Each is the same
-// verified stop as a relaunch's: the group gone, the PID with its start time gone, the
-// GPU memory released, the port free.
-type deletion struct {
-	absent bool
-	why    agent.Reason // ensure_absent, destroy or orphan
-	// orphan: built from the record alone; the record is removed once the stop is
-	// verified (there is no block left to show its history). Otherwise the record stays,
-	// marked stopped, so status says when and by whom.
-	orphan bool
-}
-
 var _ agent.Ensurer = (*Server)(nil)
-
-// Absent reports whether the plan says ensure = "absent".
-func (s *Server) Absent() bool { return s.absent && s.why == agent.ReasonEnsureAbsent }
 
 // AsAbsent is the server as agent destroy deletes it.
 func (s *Server) AsAbsent() agent.Resource {
 	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port, clients: new(sync.Map),
 		stopSignal: s.stopSignal, stopTimeout: s.stopTimeout, ready: lifecycle.Ready{Timeout: time.Second}, logDir: s.logDir,
-		deletion: deletion{absent: true, why: agent.ReasonDestroy}}
+		Deletion: Deletion{Delete: true, Why: agent.ReasonDestroy}}
 }
 
 func (s *Server) bindEnsure(r *plans.Resource, ensure *string, bad func(hcl.Range, string, string)) {
-	switch e := deref(ensure); e {
+	switch e := Deref(ensure); e {
 	case "", "present":
 	case "absent":
-		s.deletion = deletion{absent: true, why: agent.ReasonEnsureAbsent}
+		s.Deletion = Deletion{Delete: true, Why: agent.ReasonEnsureAbsent}
 	default:
 		bad(r.Range("ensure"), "Invalid ensure", fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e))
 	}
@@ -66,7 +50,7 @@ func orphanServer(h Machine, addr string, st *state.Scoped) (agent.Resource, err
 	_, name, _ := strings.Cut(addr, ".")
 	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port, clients: new(sync.Map),
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout, ready: lifecycle.Ready{Timeout: time.Second},
-		deletion: deletion{absent: true, why: agent.ReasonOrphan, orphan: true}}
+		Deletion: Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}
 	if c, ok := strings.CutPrefix(rec.Place, lifecycle.IncusPlace("")); ok {
 		s.container = c
 	}
@@ -114,9 +98,9 @@ func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (d *agent.Diff
 		what += " (adopted)"
 	}
 	d = &agent.Diff{Detail: &serverDetail{prev: &rec, stop: true}}
-	d.Add(agent.Removed("process", agent.Raw(what)).Because(agent.Deletes, s.why))
+	d.Add(agent.Removed("process", agent.Raw(what)).Because(agent.Deletes, s.Why))
 	if rec.Port > 0 {
-		d.Add(agent.Removed("port", rec.Port).Because(agent.Deletes, s.why))
+		d.Add(agent.Removed("port", rec.Port).Because(agent.Deletes, s.Why))
 	}
 	return d.Derive(), nil
 }
@@ -145,11 +129,11 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 	if err != nil {
 		return fmt.Errorf("stop generation %d (pid %d): %w", rec.Generation, rec.PID, err)
 	}
-	env.Log.Info("stopped for good", "generation", rec.Generation, "pid", rec.PID, "reason", string(s.why), "result", lifecycle.Summary(rep))
-	if s.orphan {
+	env.Log.Info("stopped for good", "generation", rec.Generation, "pid", rec.PID, "reason", string(s.Why), "result", lifecycle.Summary(rep))
+	if s.Orphan {
 		return env.State.Delete()
 	}
-	rec.StoppedAt, rec.StoppedBy = env.Now().UTC(), "agent ("+s.why.Describe()+")"
+	rec.StoppedAt, rec.StoppedBy = env.Now().UTC(), "agent ("+s.Why.Describe()+")"
 	rec.UnreadySince, rec.Pending = time.Time{}, nil
 	return env.State.Save(rec)
 }
@@ -157,7 +141,7 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 // absentStatus is the status of a server the agent stopped for good, or that the plan
 // wants absent.
 func (s *Server) absentStatus(ctx context.Context, env *agent.Env, has bool, rec *serverRecord) (*agent.Status, error) {
-	st := &agent.Status{Healthy: s.absent, Metrics: map[string]float64{"up": 0, "ready": 0, "generation": float64(rec.Generation)}}
+	st := &agent.Status{Healthy: s.Delete, Metrics: map[string]float64{"up": 0, "ready": 0, "generation": float64(rec.Generation)}}
 	field := func(f agent.Field) { st.Fields = append(st.Fields, f) }
 	switch {
 	case !has:
@@ -184,7 +168,7 @@ func (s *Server) absentStatus(ctx context.Context, env *agent.Env, has bool, rec
 		by = "agent"
 	}
 	st.Summary = fmt.Sprintf("stopped at %s by the %s; generation %d was the last", rec.StoppedAt.Local().Format("2006-01-02 15:04:05"), by, rec.Generation)
-	if !s.absent {
+	if !s.Delete {
 		st.Summary += "; agent apply launches it again"
 	}
 	field(agent.AgeField("stopped_at", "stopped", rec.StoppedAt.Local(), env.Now()))
@@ -195,14 +179,3 @@ func (s *Server) absentStatus(ctx context.Context, env *agent.Env, has bool, rec
 	}
 	return st, nil
 }
-
-// leftAlone is an orphan whose record cannot say what to delete (written by an older
-// agent): observed as a no-op with a warning that names the fix, so that one old record
-// never fails every plan.
-type leftAlone struct{ why string }
-
-func (l leftAlone) Check(context.Context, *agent.Env) (*agent.Diff, error) {
-	return &agent.Diff{Action: agent.NoOp, Warnings: []string{l.why}}, nil
-}
-
-func (l leftAlone) Apply(context.Context, *agent.Env, *agent.Diff) error { return nil }

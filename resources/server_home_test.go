@@ -11,6 +11,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 const homePlan = `
@@ -47,7 +48,7 @@ func TestServerHome(t *testing.T) {
 	t.Setenv("HOME", "/nonexistent-agent-home") // the agent's own: never the server's
 	engine := func(vars ...string) *agent.Engine {
 		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + filepath.Join(h.dir, "logs"), "port=" + strconv.Itoa(port)}, vars...)
-		return testEngine(t, h.dir, homePlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
+		return restest.Engine(t, h.dir, homePlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 	}
 	homeOf := func(r serverRecord) string {
 		env, err := proc.FS{}.Environ(r.PID)
@@ -91,7 +92,7 @@ func TestServerHome(t *testing.T) {
 		t.Fatalf("plan after apply: %v %+v", st.Err, st.Diff)
 	}
 
-	if _, diags := bindPlan(`server "x" {
+	if _, diags := restest.BindPlan(`server "x" {
   command = ["x"]
   home    = "relative"
 }`, KindsFor(Machine{})); !diags.HasErrors() || !strings.Contains(diags.Error(), "Relative home") {

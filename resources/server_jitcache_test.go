@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 const jitPlan = `
@@ -47,7 +48,7 @@ func TestServerJITCachesSurviveARelaunch(t *testing.T) {
 	logs := filepath.Join(h.dir, "logs")
 	engine := func(mem string) *agent.Engine {
 		vars := []string{"fake=" + fakeSGLang(t), "logs=" + logs, "port=" + strconv.Itoa(port), "mem=" + mem}
-		return testEngine(t, h.dir, jitPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
+		return restest.Engine(t, h.dir, jitPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 	}
 	mustOK(t, engine("0.8").Apply(context.Background(), nil).Steps[0])
 	home := filepath.Join(h.dir, "state", "home")

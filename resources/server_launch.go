@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/agent-dev/agent/internal/state"
 	"maps"
 	"time"
+
+	"github.com/agent-dev/agent/internal/state"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"

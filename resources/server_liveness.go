@@ -34,29 +34,29 @@ type livenessPlan struct {
 }
 
 // bindLiveness reads the liveness block.
-func (s *Server) bindLiveness(b *binder, c *ServerLivenessConfig) {
+func (s *Server) bindLiveness(b *Binder, c *ServerLivenessConfig) {
 	if c == nil {
 		return
 	}
-	r := b.r
-	l := livenessPlan{declared: true, off: c.Enabled != nil && !*c.Enabled, http: deref(c.HTTP)}
+	r := b.R
+	l := livenessPlan{declared: true, off: c.Enabled != nil && !*c.Enabled, http: Deref(c.HTTP)}
 	if c.Interval != nil {
-		l.interval = b.duration(c.Interval, 0, "liveness", "interval")
+		l.interval = b.Duration(c.Interval, 0, "liveness", "interval")
 	}
 	if c.Timeout != nil {
-		l.timeout = b.duration(c.Timeout, 0, "liveness", "timeout")
+		l.timeout = b.Duration(c.Timeout, 0, "liveness", "timeout")
 	}
 	if c.Failures != nil {
 		l.failures = *c.Failures
 		if l.failures < 1 {
-			b.bad(r.Range("liveness", "failures"), "Invalid liveness.failures", fmt.Sprintf("liveness.failures counts consecutive failed probes before the engine's progress is looked at: at least 1, not %d.", l.failures))
+			b.Bad(r.Range("liveness", "failures"), "Invalid liveness.failures", fmt.Sprintf("liveness.failures counts consecutive failed probes before the engine's progress is looked at: at least 1, not %d.", l.failures))
 		}
 	}
 	if l.http != "" && !strings.HasPrefix(l.http, "/") {
-		b.bad(r.Range("liveness", "http"), "Invalid liveness.http", "liveness.http is a path on the server's port, such as \"/health_generate\".")
+		b.Bad(r.Range("liveness", "http"), "Invalid liveness.http", "liveness.http is a path on the server's port, such as \"/health_generate\".")
 	}
 	if !l.off && s.port == 0 {
-		b.bad(r.Range("liveness"), "No port", "liveness probes the server's port: set port (or flags[\"port\"]), or enabled = false.")
+		b.Bad(r.Range("liveness"), "No port", "liveness probes the server's port: set port (or flags[\"port\"]), or enabled = false.")
 	}
 	s.liveness = l
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // livePlan is srvPlan with a short liveness check: 500 ms apart, 1 s each, 2 in a row.
@@ -25,7 +26,7 @@ var livePlan = strings.Replace(srvPlan, "  revert   = var.revert\n", `  revert  
 func (h *srvHarness) liveEngine(plan string, vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, plan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
+	return restest.Engine(h.t, h.dir, plan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 }
 
 // watch runs the server's watch, as `agent run` does, until it returns; the channel
@@ -204,16 +205,16 @@ func TestServerLivenessBindErrors(t *testing.T) {
 		{`liveness { interval = "soon" }`, "not a positive duration"},
 	} {
 		src := "server \"s\" {\n  command = [\"x\"]\n  port = 30000\n  " + c.block + "\n}\n"
-		_, diags := bindPlan(src, KindsFor(Machine{}))
+		_, diags := restest.BindPlan(src, KindsFor(Machine{}))
 		if !strings.Contains(diags.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.block, diags, c.want)
 		}
 	}
-	_, diags := bindPlan("server \"s\" {\n  command = [\"x\"]\n  liveness {}\n}\n", KindsFor(Machine{}))
+	_, diags := restest.BindPlan("server \"s\" {\n  command = [\"x\"]\n  liveness {}\n}\n", KindsFor(Machine{}))
 	if !strings.Contains(diags.Error(), "liveness probes the server's port") {
 		t.Errorf("a liveness block without a port: %v", diags)
 	}
-	if _, diags := bindPlan("server \"s\" {\n  command = [\"x\"]\n  liveness { enabled = false }\n}\n", KindsFor(Machine{})); diags.HasErrors() {
+	if _, diags := restest.BindPlan("server \"s\" {\n  command = [\"x\"]\n  liveness { enabled = false }\n}\n", KindsFor(Machine{})); diags.HasErrors() {
 		t.Errorf("enabled = false needs no port: %v", diags)
 	}
 }

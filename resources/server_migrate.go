@@ -24,7 +24,7 @@ func (s *Server) liveView(env *agent.Env) *Server {
 	if s.container == "" {
 		return s
 	}
-	live, retiring := liveInstance(env, s.container)
+	live, retiring := s.host.LiveInstance(env, s.container)
 	if live == s.container && retiring == "" {
 		return s
 	}
@@ -120,4 +120,17 @@ func (s *Server) stopRetiring(ctx context.Context, env *agent.Env, r *serverReco
 	}
 	env.Log.Info("stopped the retiring generation", "generation", r.Generation, "pid", r.PID, "place", r.Place, "result", lifecycle.Summary(rep))
 	return nil
+}
+
+// ServerPeers answers the other kinds' questions of the server records.
+type ServerPeers struct{}
+
+// RunIn implements resources.Servers from the server records.
+func (ServerPeers) RunIn(env *agent.Env, instance string) bool {
+	found := false
+	ok := EachRecord(env, "server", func(_ string, rec serverRecord) bool {
+		found = rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance)
+		return !found
+	})
+	return found || !ok
 }

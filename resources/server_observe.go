@@ -43,7 +43,7 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 	r := s.incusRunner(env, name)
 	c := r.Client
 	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
-	if place != s.place || s.absent {
+	if place != s.place || s.Delete {
 		return lc, nil // observed and stopped only
 	}
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -53,7 +53,7 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 		return nil, fmt.Errorf("container %s: %w", name, errNoInstance)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", name, reachErr(c, err))
+		return nil, fmt.Errorf("container %s: %w", name, ReachErr(c, err))
 	}
 	if !inst.Running() {
 		return nil, fmt.Errorf("container %s is %s: the server runs inside it, so it must run (running = true on its container block, or incus start %s): %w",

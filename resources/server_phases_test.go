@@ -14,6 +14,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/engines"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // The rule a start's status and log follow: more than 1.5× the previous start of the
@@ -61,7 +62,7 @@ func TestServerStartPhasesRecorded(t *testing.T) {
 	var logs bytes.Buffer
 	engine := func() *agent.Engine {
 		vars := []string{"fake=" + fakeSGLang(t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port), "faults=slow-start=11s", "ready_timeout=60s"}
-		return testEngine(t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{Log: slog.New(slog.NewTextHandler(&logs, nil))}, vars...)
+		return restest.Engine(t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{Log: slog.New(slog.NewTextHandler(&logs, nil))}, vars...)
 	}
 	mustOK(t, engine().Apply(context.Background(), nil).Steps[0])
 	rec := h.record()

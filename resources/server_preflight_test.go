@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // staticGPU is an NVML view that never changes.
@@ -67,7 +68,7 @@ func TestServerPreflight(t *testing.T) {
 }
 `
 			kinds := []agent.Kind{ServerKind(Machine{GPU: staticGPU{tt.info}})}
-			e := testEngine(t, dir, src, kinds, openStore(t, filepath.Join(dir, "state")), agent.Options{})
+			e := restest.Engine(t, dir, src, kinds, restest.OpenStore(t, filepath.Join(dir, "state")), agent.Options{})
 			st := e.Plan(context.Background()).Steps[0]
 			if tt.wantErr != "" {
 				if st.Err == nil || !strings.Contains(st.Err.Error(), tt.wantErr) || !strings.Contains(st.Err.Error(), "GiB") {
@@ -126,7 +127,7 @@ server "qwen" {
 `
 	apply := func(info gpu.Info, mem string) *agent.Step {
 		kinds := KindsFor(Machine{GPU: staticGPU{info}})
-		return testEngine(t, h.dir, src, kinds, h.store, agent.Options{}, "mem="+mem).Apply(context.Background(), nil).Steps[0]
+		return restest.Engine(t, h.dir, src, kinds, h.store, agent.Options{}, "mem="+mem).Apply(context.Background(), nil).Steps[0]
 	}
 	mustOK(t, apply(twoA6000(47<<30, 47<<30), "0.85"))
 	first := h.record()

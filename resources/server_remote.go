@@ -65,7 +65,7 @@ func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRec
 	defer cancel()
 	exited, down := make(chan error, 1), make(chan error, 1)
 	go func() { exited <- r.WatchRemote(ctx, rec.PIDNS, rec.id(), RemoteWatchEvery) }()
-	go func() { down <- watchMember(ctx, env, r.Client, name) }()
+	go func() { down <- WatchMember(ctx, env, r.Client, name) }()
 	for {
 		select {
 		case err := <-exited:
@@ -80,7 +80,7 @@ func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRec
 }
 
 // memberDown returns the member and the cluster's word on it (the container kind's
-// downMember: the member, its status and message, and the fix) when one of places is a
+// DownMember: the member, its status and message, and the fix) when one of places is a
 // container on a cluster member the cluster reports not online; "" and nil otherwise.
 // Asked before any look inside: each is forwarded to that member, and one whose incusd
 // hangs answers none of them (an observation waited out every look's deadline, 20-30 s,
@@ -92,7 +92,7 @@ func (s *Server) memberDown(ctx context.Context, env *agent.Env, places ...strin
 		if !ok || slices.Contains(places[:i], place) {
 			continue
 		}
-		if member, err := downMember(ctx, s.incusRunner(env, name).Client, name); err != nil {
+		if member, err := DownMember(ctx, s.incusRunner(env, name).Client, name); err != nil {
 			return member, err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // TestServerInContainerOnRemoteMember: a server in a container on m2 that the agent
@@ -253,7 +254,7 @@ func TestServerInContainerOnRemoteMember(t *testing.T) {
 	ninth := h.record()
 	ctrOnly := strings.Replace(ctrSrvContainer, `image = "busybox"`, "image = \"busybox\"\n  target = \"m2\"", 1)
 	vars := []string{"incus_socket=" + m2.Socket, "name=" + h.name, "hport=" + strconv.Itoa(h.hport), "port=" + strconv.Itoa(h.port)}
-	rep := testEngine(t, h.dir, ctrOnly, KindsFor(Machine{GPU: a6000, IncusRemote: true}), h.store, agent.Options{StepTimeout: 2 * time.Minute, Orphans: agent.OrphansDelete, AllowDeleteAll: true}, vars...).Apply(ctx, nil)
+	rep := restest.Engine(t, h.dir, ctrOnly, KindsFor(Machine{GPU: a6000, IncusRemote: true}), h.store, agent.Options{StepTimeout: 2 * time.Minute, Orphans: agent.OrphansDelete, AllowDeleteAll: true}, vars...).Apply(ctx, nil)
 	for _, st := range rep.Steps {
 		if st.Err != nil {
 			t.Fatalf("%s: %v", st.Addr, st.Err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // revertHarness runs the server on srvPlan: apply and plan as a person would, loop as
@@ -29,7 +30,7 @@ func newRevertHarness(t *testing.T) *revertHarness {
 func (h *revertHarness) engine(opts agent.Options, vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + h.fake, "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, opts, vars...)
+	return restest.Engine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, opts, vars...)
 }
 
 func (h *revertHarness) apply(vars ...string) *agent.Step {
@@ -402,7 +403,7 @@ func TestServerRevertInARolloutGroup(t *testing.T) {
 	logs := filepath.Join(h.dir, "logs")
 	vars := []string{"fake=" + fakeSGLang(t), "logs=" + logs, "port_a=" + strconv.Itoa(srvFreePort(t)), "port_b=" + strconv.Itoa(srvFreePort(t))}
 	run := func(opts agent.Options, more ...string) *agent.Engine {
-		return testEngine(t, h.dir, groupPlan, KindsFor(Machine{}), h.store, opts, append(slices.Clone(vars), more...)...)
+		return restest.Engine(t, h.dir, groupPlan, KindsFor(Machine{}), h.store, opts, append(slices.Clone(vars), more...)...)
 	}
 	for _, st := range run(agent.Options{}).Apply(context.Background(), nil).Steps {
 		mustOK(t, st)

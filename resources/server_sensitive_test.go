@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // sensitivePlan is the server of testdata/records/server-sensitive-d14b7a6.json: one
@@ -42,7 +43,7 @@ server "qwen" {
 
 func sensitiveServer(t *testing.T, vars ...string) *Server {
 	t.Helper()
-	p := loadPlan(t, t.TempDir(), sensitivePlan, KindsFor(Machine{}), vars...)
+	p := restest.LoadPlan(t, t.TempDir(), sensitivePlan, KindsFor(Machine{}), vars...)
 	rs, diags := agent.Bind(p, KindsFor(Machine{}))
 	if diags.HasErrors() {
 		t.Fatal(diags.Error())
@@ -183,7 +184,7 @@ func TestSensitiveLegacyRecordOfARunningServerIsNoOp(t *testing.T) {
 	h := newSrvHarness(t)
 	engine := func(vars ...string) *agent.Engine {
 		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + h.logs(), "port=" + fmt.Sprint(h.port)}, vars...)
-		return testEngine(t, h.dir, liveSensitivePlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
+		return restest.Engine(t, h.dir, liveSensitivePlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 	}
 	mustOK(t, engine().Apply(context.Background(), nil).Steps[0])
 	first := h.record()

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // serveEntryPlan launches through SGLang's recommended entry point, `sglang serve MODEL
@@ -51,7 +52,7 @@ func TestServerServeEntryPoint(t *testing.T) {
 	run := func(op string, vars ...string) *agent.Step {
 		t.Helper()
 		vars = append([]string{"fake=" + fakeSGLang(t), "logs=" + logs, "port=" + strconv.Itoa(port)}, vars...)
-		e := testEngine(t, h.dir, serveEntryPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
+		e := restest.Engine(t, h.dir, serveEntryPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 		switch op {
 		case "plan":
 			return e.Plan(context.Background()).Steps[0]

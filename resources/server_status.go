@@ -21,7 +21,7 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if err != nil {
 		return nil, err
 	}
-	if s.absent || (has && !rec.StoppedAt.IsZero()) {
+	if s.Delete || (has && !rec.StoppedAt.IsZero()) {
 		return s.absentStatus(ctx, env, has, &rec)
 	}
 	if !has {

@@ -18,6 +18,7 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources/restest"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -140,7 +141,7 @@ func (h *srvHarness) logs() string { return filepath.Join(h.dir, "logs") }
 func (h *srvHarness) engine(vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
+	return restest.Engine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{}, vars...)
 }
 
 func (h *srvHarness) plan(vars ...string) *agent.Step {
@@ -162,7 +163,7 @@ func (h *srvHarness) status(vars ...string) *agent.Step {
 func (h *srvHarness) probe(vars ...string) *agent.Step {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return testEngine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{Probe: true}, vars...).Status(context.Background()).Steps[0]
+	return restest.Engine(h.t, h.dir, srvPlan, KindsFor(Machine{}), h.store, agent.Options{Probe: true}, vars...).Status(context.Background()).Steps[0]
 }
 
 // mustLeaveAlone checks that a healthy server matching the plan (generation 1, first) is
@@ -457,7 +458,7 @@ server "a" {
   ready { timeout = "soon" }
 }
 `
-	_, diags := bindPlan(src, KindsFor(Machine{}))
+	_, diags := restest.BindPlan(src, KindsFor(Machine{}))
 	var msg string
 	for _, d := range diags {
 		msg += d.Summary + ": " + d.Detail + "\n"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // killedMidLaunch runs a real `agent apply` of the fake server with faults, SIGKILLs it
@@ -97,7 +98,7 @@ func TestServerKilledAgentsLaunchIsVerifiedByTheNextApply(t *testing.T) {
 			t.Fatalf("the next apply: exit %d, want 0 and the verification shown:\n%s", code, out)
 		}
 		var after serverRecord
-		if ok, err := openStore(t, stateDir).Load("server.qwen", &after); !ok || err != nil || after.id() != rec.id() || after.VerifiedAt.IsZero() {
+		if ok, err := restest.OpenStore(t, stateDir).Load("server.qwen", &after); !ok || err != nil || after.id() != rec.id() || after.VerifiedAt.IsZero() {
 			t.Fatalf("record after the verification: %+v (%v), want pid %d verified in place", after, err, rec.PID)
 		}
 		code, out = runAgent(t, home, append([]string{"plan"}, args...)...)
@@ -131,7 +132,7 @@ func TestServerThatDiesAfterReadyFailsTheSettle(t *testing.T) {
 	if r := h.record(); r.VerifiedAt.IsZero() || r.VerifiedAt.Sub(r.ReadyAt) < time.Second {
 		t.Errorf("record %+v: verified before it settled", r)
 	}
-	if s, diags := bindPlan("server \"s\" {\n  command = [\"x\"]\n}\n", Kinds()); diags.HasErrors() || s["server.s"].(*Server).ready.Settle != DefaultSettle {
+	if s, diags := restest.BindPlan("server \"s\" {\n  command = [\"x\"]\n}\n", Kinds()); diags.HasErrors() || s["server.s"].(*Server).ready.Settle != DefaultSettle {
 		t.Errorf("default settle: %v", diags)
 	}
 }

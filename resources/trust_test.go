@@ -16,6 +16,7 @@ import (
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/internal/trust"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // Issue 13: the agent runs as root and trusts nothing another user could have written.
@@ -173,8 +174,8 @@ func TestDownloadRefusesADestAnotherUserControls(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "models")
 	os.Mkdir(root, 0o755)
 	os.Chown(root, 65534, 65534)
-	store := openStore(t, filepath.Join(t.TempDir(), "state"))
-	e := testEngine(t, t.TempDir(), explicitPlan(s, map[string][]byte{"a.bin": data}, ""), Kinds(), store, agent.Options{}, "root="+root)
+	store := restest.OpenStore(t, filepath.Join(t.TempDir(), "state"))
+	e := restest.Engine(t, t.TempDir(), explicitPlan(s, map[string][]byte{"a.bin": data}, ""), Kinds(), store, agent.Options{}, "root="+root)
 	for _, st := range []*agent.Step{e.Plan(t.Context()).Steps[0], e.Apply(t.Context(), nil).Steps[0]} {
 		if st.Err == nil || !strings.Contains(st.Err.Error(), "chown root:root "+root) {
 			t.Errorf("err = %v, want a refusal naming %s with the fix", st.Err, root)
@@ -188,7 +189,7 @@ func TestDownloadRefusesADestAnotherUserControls(t *testing.T) {
 // Point 9: ".." in dest and log_dir is refused, not silently cleaned.
 func TestDotDotRefusedInDestAndLogDir(t *testing.T) {
 	t.Parallel()
-	_, diags := bindPlan(`download "x" {
+	_, diags := restest.BindPlan(`download "x" {
   dest = "/srv/models/../../etc"
   huggingface { repo = "a/b" }
 }
@@ -248,7 +249,7 @@ func TestServerNeverAdoptsAnotherUsersProcess(t *testing.T) {
 func TestServerFlagEdges(t *testing.T) {
 	t.Parallel()
 	bind := func(flags string) (*Server, string) {
-		rs, diags := bindPlan("server \"s\" {\n  command = [\"x\"]\n  flags = "+flags+"\n}\n", Kinds())
+		rs, diags := restest.BindPlan("server \"s\" {\n  command = [\"x\"]\n  flags = "+flags+"\n}\n", Kinds())
 		var msg string
 		for _, d := range diags {
 			msg += d.Summary + ": " + d.Detail + "\n"

@@ -21,6 +21,12 @@ func KindsFor(h resources.Machine) []agent.Kind {
 	if h.StopGPUServers == nil {
 		h.StopGPUServers = resources.ServerStopper(h.Proc, h.GPU)
 	}
+	if h.Containers == nil {
+		h.Containers = resources.ContainerPeers{}
+	}
+	if h.Servers == nil {
+		h.Servers = resources.ServerPeers{}
+	}
 	return []agent.Kind{
 		resources.FileKind(),
 		resources.DriverKind(h),

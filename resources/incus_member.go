@@ -2,6 +2,8 @@ package resources
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -9,31 +11,12 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 )
 
-var _ agent.Watcher = (*Container)(nil)
-
 // MemberWatchEvery is how often the watch of a container on a cluster member asks the
 // cluster how that member stands. One GET of the member (the cluster's database answers
 // it, from any member): negligible at idle.
 const MemberWatchEvery = 5 * time.Second
 
-// Watch returns once the cluster member holding the instance is no longer Online as the
-// cluster reports it (a member whose incusd hangs or died: Offline once its heartbeats
-// are missed), so that `agent run` observes the container again within seconds and its
-// status says what the cluster says, instead of "running, matches the plan" until the
-// next resync (issue 27: 36 s after the cluster had marked the member Offline). An
-// instance that is not on a cluster member has nothing to watch here.
-func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
-	if k.absent {
-		return agent.ErrNothingToWatch
-	}
-	k, _, err := k.liveView(env)
-	if err != nil {
-		return err
-	}
-	return watchMember(ctx, env, k.client(env), k.name)
-}
-
-// watchMember blocks until the state of the cluster member holding instance changes
+// WatchMember blocks until the state of the cluster member holding instance changes
 // from what the last watch of instance reported (nil): it falls from Online, or, once a
 // watch reported it down, it is back or in another status (Offline to Evacuated). It
 // asks every MemberWatchEvery, until ctx ends (its error). A member still down as
@@ -42,7 +25,7 @@ func (k *Container) Watch(ctx context.Context, env *agent.Env) error {
 // meant a reconcile and a "change noticed" line every few seconds for the whole outage.
 // agent.ErrNothingToWatch: the instance is on no cluster member (or the cluster cannot
 // say which). The container kind's watch, and the server kind's of a server inside.
-func watchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance string) error {
+func WatchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance string) error {
 	member, err := c.InstanceMember(ctx, instance)
 	if err != nil || member == "" || member == "none" {
 		return agent.ErrNothingToWatch
@@ -90,19 +73,68 @@ func memberState(ctx context.Context, c *incus.Client, member string) (*incus.Cl
 	return c.ClusterMember(ctx, member)
 }
 
-// downMember returns the member holding instance, and the cluster's word on it, when that
+// DownMember returns the member holding instance, and the cluster's word on it, when that
 // member is not online; "" and nil otherwise (not on a cluster, online, or the cluster
 // cannot tell). Asked before the instance itself: the cluster's database answers both
 // from any member, while a read of the instance is forwarded to its member, and one
 // whose incusd hangs never answers it (issue 27: a status that waited for the step's
 // whole timeout).
-func downMember(ctx context.Context, c *incus.Client, instance string) (string, error) {
+func DownMember(ctx context.Context, c *incus.Client, instance string) (string, error) {
 	member, err := c.InstanceMember(ctx, instance)
 	if err != nil || member == "" || member == "none" {
 		return "", nil
 	}
-	if err := memberOnline(ctx, c, member, instance); err != nil {
+	if err := MemberOnline(ctx, c, member, instance); err != nil {
 		return member, err
 	}
 	return "", nil
+}
+
+func ValidInstanceName(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[len(s)-1] == '-' {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case (c >= '0' && c <= '9' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// InstanceMember is the cluster member an instance is on; "" outside a cluster (Incus
+// says "none" there).
+func InstanceMember(inst *incus.Instance) string {
+	if inst.Location == "none" {
+		return ""
+	}
+	return inst.Location
+}
+
+// MemberOnline returns an error naming the member and what the cluster says about it
+// when it is not online: its instances can be neither observed nor changed (the cluster
+// answers an offline member's instance from its database, as stopped).
+func MemberOnline(ctx context.Context, c *incus.Client, member, instance string) error {
+	m, err := c.ClusterMember(ctx, member)
+	if err != nil {
+		return ReachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
+	}
+	if !m.Online() {
+		return memberDownErr(m, instance)
+	}
+	memberSeen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
+	return nil
+}
+
+// ReachErr adds the fix to an error that is not an answer of Incus (no daemon at the
+// socket, permission denied).
+func ReachErr(c *incus.Client, err error) error {
+	var ie *incus.Error
+	if errors.As(err, &ie) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w (is incusd running and is %s its socket? set agent { incus_socket } or INCUS_SOCKET)", err, c.Socket())
 }
