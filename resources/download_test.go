@@ -45,7 +45,7 @@ func sha(b []byte) string {
 // call is a fresh engine, as a new agent process would be.
 func engine(t testing.TB, dir, src string) *agent.Engine {
 	t.Helper()
-	return restest.Engine(t, dir, src, Kinds(), restest.OpenStore(t, filepath.Join(dir, ".state")), agent.Options{}, "root="+dir)
+	return restest.InDir(t, dir, src, Kinds())
 }
 
 func mustApply(t testing.TB, e *agent.Engine) *agent.Report {

@@ -12,27 +12,14 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/hashicorp/hcl/v2"
-
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/atomicfile"
 	"github.com/agent-dev/agent/internal/textdiff"
-	"github.com/agent-dev/agent/plans"
 )
 
-// FileConfig is the `file` block.
-type FileConfig struct {
-	Path      string  `hcl:"path"`
-	Content   *string `hcl:"content,optional"`
-	Source    *string `hcl:"source,optional"`
-	Mode      *string `hcl:"mode,optional"`
-	Owner     *string `hcl:"owner,optional"`
-	Group     *string `hcl:"group,optional"`
-	Ensure    *string `hcl:"ensure,optional"`
-	Sensitive *bool   `hcl:"sensitive,optional"`
-}
-
-// File is a regular file on the host: a nouveau blacklist, a token, a unit file.
+// File is a regular file on the host: a nouveau blacklist, a token, a unit file. The
+// file kind (resources/file) binds one per block; the nvidia_driver kind writes its
+// nouveau blacklist with one.
 //
 // Unset mode, owner and group are not managed on an existing file; a new file gets
 // mode 0644 and the agent's owner. The content comes from `content` or from `source`, a
@@ -50,6 +37,24 @@ type File struct {
 	sensitive bool
 }
 
+// FileSpec is a File as a plan declares it.
+type FileSpec struct {
+	Addr, Path string
+	Absent     bool   // ensure = "absent"
+	Content    []byte // the content, unless Source names a local file read at Check time
+	Source     string
+	Mode       *fs.FileMode // nil: not managed on an existing file, 0644 on a new one
+	Owner      string
+	Group      string
+	Sensitive  bool
+}
+
+// NewFile is the file spec declares.
+func NewFile(spec FileSpec) *File {
+	return &File{addr: spec.Addr, path: spec.Path, absent: spec.Absent, content: spec.Content, source: spec.Source,
+		mode: spec.Mode, owner: spec.Owner, group: spec.Group, sensitive: spec.Sensitive}
+}
+
 var (
 	_ agent.Resource = (*File)(nil)
 	_ agent.Ensurer  = (*File)(nil)
@@ -63,60 +68,6 @@ func (f *File) AsAbsent() agent.Resource {
 	c := *f
 	c.absent, c.destroy, c.content, c.source = true, true, nil, ""
 	return &c
-}
-
-// FileKind is the `file` resource kind.
-func FileKind() agent.Kind {
-	return agent.NewKind("file", bindFile)
-}
-
-func bindFile(r *plans.Resource, c *FileConfig) (agent.Resource, hcl.Diagnostics) {
-	var diags hcl.Diagnostics
-	bad := func(attr, summary, detail string) {
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Range(attr).Ptr()})
-	}
-	f := &File{addr: r.Addr, path: c.Path, owner: Deref(c.Owner), group: Deref(c.Group)}
-	f.sensitive = Deref(c.Sensitive) || r.Sensitive["content"] || r.Sensitive["source"]
-	if !filepath.IsAbs(c.Path) {
-		bad("path", "Relative file path", fmt.Sprintf("path %q must be absolute: the agent's working directory is not part of the plan.", c.Path))
-	} else if filepath.Clean(c.Path) != c.Path {
-		bad("path", "Unclean file path", fmt.Sprintf("write path as %q.", filepath.Clean(c.Path)))
-	}
-	switch e := Deref(c.Ensure); e {
-	case "", "present":
-	case "absent":
-		f.absent = true
-	default:
-		bad("ensure", "Invalid ensure", fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e))
-	}
-	switch {
-	case f.absent && (c.Content != nil || c.Source != nil):
-		bad("ensure", "Content for an absent file", "An absent file has no content or source; remove them or ensure = \"present\".")
-	case !f.absent && c.Content != nil && c.Source != nil:
-		bad("source", "Both content and source", "Give the file's content inline (content) or from a local file (source), not both.")
-	case !f.absent && c.Content == nil && c.Source == nil:
-		bad("path", "No content", "A file needs content = \"…\" or source = \"local/path\" (or ensure = \"absent\").")
-	case c.Content != nil:
-		f.content = []byte(*c.Content)
-	case c.Source != nil:
-		f.source = *c.Source
-		if !filepath.IsAbs(f.source) {
-			f.source = filepath.Join(r.Dir(), f.source)
-		}
-	}
-	if c.Mode != nil {
-		m, err := strconv.ParseUint(*c.Mode, 8, 32)
-		if err != nil || m > 0o7777 {
-			bad("mode", "Invalid mode", fmt.Sprintf("mode %q is not an octal permission such as \"0644\".", *c.Mode))
-		} else {
-			fm := OctalMode(uint32(m))
-			f.mode = &fm
-		}
-	}
-	if diags.HasErrors() {
-		return nil, diags
-	}
-	return f, nil
 }
 
 func Deref[T any](p *T) T {

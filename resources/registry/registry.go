@@ -8,6 +8,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/file"
 )
 
 // Kinds returns every resource kind built into the agent, acting on this host.
@@ -28,7 +29,7 @@ func KindsFor(h resources.Machine) []agent.Kind {
 		h.Servers = resources.ServerPeers{}
 	}
 	return []agent.Kind{
-		resources.FileKind(),
+		file.FileKind(),
 		resources.DriverKind(h),
 		resources.ContainerKind(h),
 		resources.DownloadKind(h),

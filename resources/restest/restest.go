@@ -3,8 +3,16 @@
 package restest
 
 import (
+	"crypto/sha256"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 
@@ -55,4 +63,72 @@ func BindPlan(src string, kinds []agent.Kind) (map[string]agent.Resource, hcl.Di
 		return nil, diags
 	}
 	return agent.Bind(p, kinds)
+}
+
+// InDir is a fresh engine for src (plan.hcl in dir, with var.root = dir) over the state
+// in dir/.state, as a new agent process would start one.
+func InDir(t testing.TB, dir, src string, kinds []agent.Kind) *agent.Engine {
+	t.Helper()
+	return Engine(t, dir, src, kinds, OpenStore(t, filepath.Join(dir, ".state")), agent.Options{}, "root="+dir)
+}
+
+// CheckWritesNothing binds src and runs addr's Check with its record read-only, failing
+// the test on an error of the Check (a write is one) or on any change under the state
+// directory.
+func CheckWritesNothing(t *testing.T, dir, src string, kinds []agent.Kind, store *state.Store, addr string, vars ...string) *agent.Diff {
+	t.Helper()
+	p := LoadPlan(t, dir, src, kinds, vars...)
+	res, diags := agent.Bind(p, kinds)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	before := StateFiles(t, store.Dir())
+	env := &agent.Env{Addr: addr, State: store.For(addr).ReadOnly(), Log: slog.New(slog.DiscardHandler), Plan: p, Now: time.Now}
+	d, err := res[addr].Check(t.Context(), env)
+	if err != nil {
+		t.Fatalf("%s: check: %v", addr, err)
+	}
+	if after := StateFiles(t, store.Dir()); !maps.Equal(before, after) {
+		t.Errorf("%s: its check changed the state directory:\nbefore %v\nafter  %v", addr, before, after)
+	}
+	return d
+}
+
+// StateFiles is every file under dir with its mode, time and content digest.
+func StateFiles(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		sum := ""
+		if info.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			sum = fmt.Sprintf("%x", sha256.Sum256(data))
+		}
+		out[strings.TrimPrefix(p, dir)] = fmt.Sprintf("%v %d %s", info.Mode(), info.ModTime().UnixNano(), sum)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// RecordOf is d's record update as T; false when d has none, or another.
+func RecordOf[T any](d *agent.Diff) (T, bool) {
+	var zero T
+	if d == nil || d.Record == nil {
+		return zero, false
+	}
+	v, ok := d.Record.Value.(T)
+	return v, ok
 }

@@ -1,12 +1,10 @@
-package resources
+package file
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
@@ -16,7 +14,7 @@ import (
 // applyPlan loads src, applies it and returns the report; dir is the plan directory.
 func applyPlan(t *testing.T, dir, src string) (*agent.Report, *agent.Engine) {
 	t.Helper()
-	e := engine(t, dir, src)
+	e := restest.InDir(t, dir, src, []agent.Kind{FileKind()})
 	return e.Apply(context.Background(), nil), e
 }
 
@@ -173,30 +171,21 @@ mode = "0999"`, "Invalid mode"},
 	}
 	for _, tt := range tests {
 		src := "file \"a\" {\n" + tt.body + "\n}\n"
-		_, diags := restest.BindPlan(src, Kinds())
+		_, diags := restest.BindPlan(src, []agent.Kind{FileKind()})
 		if !diags.HasErrors() || diags[0].Summary != tt.want || diags[0].Subject == nil {
 			t.Errorf("Bind(%q) = %v, want %q with a source range", tt.body, diags, tt.want)
 		}
 	}
 }
 
-func TestReadNoFollow(t *testing.T) {
+// TestFileCheckWritesNothing: the file's Check writes nothing (issue 24; see
+// restest.CheckWritesNothing).
+func TestFileCheckWritesNothing(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
-	p := filepath.Join(dir, "f")
-	if err := os.WriteFile(p, []byte("grown since the lstat"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int64{0, 5, 21, 4096} { // the Lstat's size may be stale
-		if got, err := readNoFollow(p, size); err != nil || string(got) != "grown since the lstat" {
-			t.Errorf("size %d: %q, %v", size, got, err)
-		}
-	}
-	// A symlink swapped in after the Lstat is refused, never followed.
-	link := filepath.Join(dir, "link")
-	if err := os.Symlink(p, link); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readNoFollow(link, 21); !errors.Is(err, syscall.ELOOP) || !strings.Contains(err.Error(), link) {
-		t.Errorf("symlink: %v, want ELOOP naming %s", err, link)
+	store := restest.OpenStore(t, filepath.Join(dir, ".state"))
+	src := "variable \"root\" {}\nfile \"f\" {\n  path    = \"${var.root}/f.conf\"\n  content = \"x\\n\"\n}\n"
+	if d := restest.CheckWritesNothing(t, dir, src, []agent.Kind{FileKind()}, store, "file.f", "root="+dir); d.Action != agent.Create {
+		t.Errorf("diff %+v, want a create", d)
 	}
 }
