@@ -152,7 +152,7 @@ func newMigrateHarness(t *testing.T, c *incustest.Cluster) *migrateHarness {
 	t.Cleanup(func() { removeInstance(t, c.Client, h.name+"-b") })
 	// The directory of the fake, readable by the container's root (an unprivileged
 	// container maps it to another uid): not under the test's 0700 temporary directory.
-	dir := reachableDir(t)
+	dir := restest.ReachableDir(t)
 	src, err := os.ReadFile(staticFakeSGLang(t))
 	if err != nil {
 		t.Fatal(err)
@@ -405,7 +405,7 @@ func TestMigrateSurvivesSIGKILL(t *testing.T) {
 	h.applyOK("m2", nil)
 	old := h.record()
 
-	planDir := reachableDir(t)
+	planDir := restest.ReachableDir(t)
 	if err := os.WriteFile(filepath.Join(planDir, "plan.hcl"), []byte(migratePlan), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package resources
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -31,18 +30,6 @@ func TestCheckWritesNothing(t *testing.T) {
 		store := restest.OpenStore(t, filepath.Join(dir, ".state"))
 		if d := restest.CheckWritesNothing(t, dir, `nvidia_driver "host" { version = "570.172.08" }`, KindsFor(h), store, "nvidia_driver.host"); d.Action != agent.NoOp {
 			t.Errorf("diff %+v, want a no-op", d)
-		}
-	})
-	t.Run("download listing", func(t *testing.T) {
-		t.Parallel()
-		dir := t.TempDir()
-		hub := newFakeHub(t, hubFiles())
-		tokenFile := filepath.Join(dir, "hf-token")
-		os.WriteFile(tokenFile, []byte(hub.token+"\n"), 0o600)
-		store := restest.OpenStore(t, filepath.Join(dir, ".state"))
-		d := restest.CheckWritesNothing(t, dir, hubPlan(hub, tokenFile, "main"), Kinds(), store, "download.model", "root="+dir)
-		if rec, ok := restest.RecordOf[*downloadRecord](d); d.Record == nil || !ok || rec.Hub == nil || rec.Hub.Commit == "" {
-			t.Errorf("the listing is not in the diff as a record update: %+v", d.Record)
 		}
 	})
 	t.Run("server adopted", func(t *testing.T) {

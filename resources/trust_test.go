@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/testbin"
 	"github.com/agent-dev/agent/internal/trust"
@@ -21,32 +20,6 @@ import (
 
 // Issue 13: the agent runs as root and trusts nothing another user could have written.
 // What another local user could do is done as nobody (setpriv), against the real agent.
-
-// asNobody runs argv as the user nobody with stdin, as another local user would.
-func asNobody(t *testing.T, stdin string, argv ...string) {
-	t.Helper()
-	cmd := exec.Command("setpriv", append([]string{"--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"}, argv...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("as nobody: %v: %v\n%s", argv, err, out)
-	}
-}
-
-// reachableDir is a root-owned 0755 directory right under the sticky /tmp: nobody can
-// reach what a test puts in it (t.TempDir's parent is 0700), and it is trusted.
-func reachableDir(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("the trust tests prove what a root agent refuses; run them as root (CI does)")
-	}
-	d, err := os.MkdirTemp("", "agent-trust-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(d, 0o755)
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
 
 // runAgent runs the built agent with HOME=home and returns its exit code and output.
 func runAgent(t *testing.T, home string, args ...string) (int, string) {
@@ -86,7 +59,7 @@ func writeSrvPlan(t *testing.T, dir, logs string, port int, faults string, extra
 // the directory with the fix: the root file keeps its content and the process lives.
 func TestAgentRefusesAStateDirAnotherUserControls(t *testing.T) {
 	t.Parallel()
-	base := reachableDir(t)
+	base := restest.ReachableDir(t)
 	testbin.NoLeaks(t, base)
 	precious := filepath.Join(base, "precious")
 	const content = "root's own file\n"
@@ -108,12 +81,12 @@ func TestAgentRefusesAStateDirAnotherUserControls(t *testing.T) {
 	os.Mkdir(stateDir, 0o755)
 	os.Chown(stateDir, 65534, 65534)
 	port := srvFreePort(t)
-	asNobody(t, "", "ln", "-s", precious, filepath.Join(stateDir, "lock"))
-	asNobody(t, "", "mkdir", filepath.Join(stateDir, "resources"))
+	restest.AsNobody(t, "", "ln", "-s", precious, filepath.Join(stateDir, "lock"))
+	restest.AsNobody(t, "", "mkdir", filepath.Join(stateDir, "resources"))
 	forged := fmt.Sprintf(`{"generation": 1, "pid": %d, "start_ticks": %d, "pgid": %d, "place": "host",
   "argv": ["sleep", "300"], "command": ["sleep"], "flags": {}, "workdir": "/", "port": %d, "launched_at": "2026-01-01T00:00:00Z"}`,
 		vid.PID, vid.StartTicks, vid.PID, port)
-	asNobody(t, forged, "sh", "-c", "cat > "+filepath.Join(stateDir, "resources", "server.qwen.json"))
+	restest.AsNobody(t, forged, "sh", "-c", "cat > "+filepath.Join(stateDir, "resources", "server.qwen.json"))
 
 	home := filepath.Join(base, "home")
 	os.Mkdir(home, 0o700)
@@ -163,37 +136,11 @@ func TestServerRefusesALogDirAnotherUserControls(t *testing.T) {
 	}
 }
 
-// And for a download's destination: a dest under a directory nobody owns is refused,
-// and nothing is fetched into it.
-func TestDownloadRefusesADestAnotherUserControls(t *testing.T) {
+// Point 9: ".." in log_dir is refused, not silently cleaned (download/trust_test.go: in
+// dest).
+func TestDotDotRefusedInLogDir(t *testing.T) {
 	t.Parallel()
-	s := fetchtest.NewServer()
-	t.Cleanup(s.Close)
-	data := randBytes(4<<10, 7)
-	s.Set("/a.bin", data)
-	root := filepath.Join(t.TempDir(), "models")
-	os.Mkdir(root, 0o755)
-	os.Chown(root, 65534, 65534)
-	store := restest.OpenStore(t, filepath.Join(t.TempDir(), "state"))
-	e := restest.Engine(t, t.TempDir(), explicitPlan(s, map[string][]byte{"a.bin": data}, ""), Kinds(), store, agent.Options{}, "root="+root)
-	for _, st := range []*agent.Step{e.Plan(t.Context()).Steps[0], e.Apply(t.Context(), nil).Steps[0]} {
-		if st.Err == nil || !strings.Contains(st.Err.Error(), "chown root:root "+root) {
-			t.Errorf("err = %v, want a refusal naming %s with the fix", st.Err, root)
-		}
-	}
-	if s.Stats("/a.bin").BytesSent != 0 {
-		t.Error("bytes were fetched into an untrusted destination")
-	}
-}
-
-// Point 9: ".." in dest and log_dir is refused, not silently cleaned.
-func TestDotDotRefusedInDestAndLogDir(t *testing.T) {
-	t.Parallel()
-	_, diags := restest.BindPlan(`download "x" {
-  dest = "/srv/models/../../etc"
-  huggingface { repo = "a/b" }
-}
-server "s" {
+	_, diags := restest.BindPlan(`server "s" {
   command = ["x"]
   log_dir = "/var/log/agent/../../../etc"
 }
@@ -202,7 +149,7 @@ server "s" {
 	for _, d := range diags {
 		msg += d.Summary + ": " + d.Detail + "\n"
 	}
-	for _, want := range []string{`Destination with ..`, `"/srv/models/../../etc" has a ".." element`, "log_dir with ..", "(/etc)"} {
+	for _, want := range []string{"log_dir with ..", "(/etc)"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("diagnostics lack %q:\n%s", want, msg)
 		}

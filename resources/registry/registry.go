@@ -8,6 +8,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/download"
 	"github.com/agent-dev/agent/resources/file"
 )
 
@@ -32,7 +33,7 @@ func KindsFor(h resources.Machine) []agent.Kind {
 		file.FileKind(),
 		resources.DriverKind(h),
 		resources.ContainerKind(h),
-		resources.DownloadKind(h),
+		download.DownloadKind(h),
 		resources.ServerKind(h),
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -131,4 +132,30 @@ func RecordOf[T any](d *agent.Diff) (T, bool) {
 	}
 	v, ok := d.Record.Value.(T)
 	return v, ok
+}
+
+// AsNobody runs argv as the user nobody with stdin, as another local user would.
+func AsNobody(t *testing.T, stdin string, argv ...string) {
+	t.Helper()
+	cmd := exec.Command("setpriv", append([]string{"--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"}, argv...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("as nobody: %v: %v\n%s", argv, err, out)
+	}
+}
+
+// ReachableDir is a root-owned 0755 directory right under the sticky /tmp: nobody can
+// reach what a test puts in it (t.TempDir's parent is 0700), and it is trusted.
+func ReachableDir(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the trust tests prove what a root agent refuses; run them as root (CI does)")
+	}
+	d, err := os.MkdirTemp("", "agent-trust-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(d, 0o755)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }

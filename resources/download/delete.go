@@ -1,4 +1,4 @@
-package resources
+package download
 
 import (
 	"errors"
@@ -15,6 +15,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 )
 
 // A download is deleted (ensure = "absent", agent destroy, an orphan) by removing exactly
@@ -28,14 +29,14 @@ var _ agent.Ensurer = (*Download)(nil)
 
 // AsAbsent is the download as agent destroy deletes it.
 func (d *Download) AsAbsent() agent.Resource {
-	return &Download{addr: d.addr, dest: d.dest, Deletion: Deletion{Delete: true, Why: agent.ReasonDestroy}}
+	return &Download{addr: d.addr, dest: d.dest, Deletion: resources.Deletion{Delete: true, Why: agent.ReasonDestroy}}
 }
 
 func (d *Download) bindEnsure(r *plans.Resource, ensure *string) hcl.Diagnostics {
-	switch e := Deref(ensure); e {
+	switch e := resources.Deref(ensure); e {
 	case "", "present":
 	case "absent":
-		d.Deletion = Deletion{Delete: true, Why: agent.ReasonEnsureAbsent}
+		d.Deletion = resources.Deletion{Delete: true, Why: agent.ReasonEnsureAbsent}
 	default:
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Invalid ensure", Subject: r.Range("ensure").Ptr(),
 			Detail: fmt.Sprintf("ensure is \"present\" or \"absent\", not %q.", e)}}
@@ -53,9 +54,9 @@ func orphanDownload(addr string, st *state.Scoped) (agent.Resource, error) {
 		return nil, err
 	}
 	if rec.Dest == "" || !filepath.IsAbs(rec.Dest) {
-		return LeftAlone{fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not say where its files are: left alone; delete them yourself, then %s.json in the state directory's resources/", addr)}, nil
+		return resources.LeftAlone{Why: fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not say where its files are: left alone; delete them yourself, then %s.json in the state directory's resources/", addr)}, nil
 	}
-	return &Download{addr: addr, dest: rec.Dest, Deletion: Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}, nil
+	return &Download{addr: addr, dest: rec.Dest, Deletion: resources.Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}, nil
 }
 
 // downloadDelete is what checkAbsent found, for applyAbsent.

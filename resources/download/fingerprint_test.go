@@ -1,4 +1,4 @@
-package resources
+package download
 
 import (
 	"errors"
@@ -24,7 +24,7 @@ func TestDownloadSavedPlanRefusedWhenTheBranchMoved(t *testing.T) {
 	mustApply(t, engine(t, dir, src))
 
 	saved := func() *agent.Engine {
-		return restest.Engine(t, dir, src, Kinds(), restest.OpenStore(t, filepath.Join(dir, ".state")),
+		return restest.Engine(t, dir, src, kinds(), restest.OpenStore(t, filepath.Join(dir, ".state")),
 			agent.Options{FingerprintKey: []byte("key")}, "root="+dir)
 	}
 	st := planStep(t, saved(), "download.model")

@@ -1,4 +1,4 @@
-package resources
+package download
 
 import (
 	"bytes"
@@ -25,6 +25,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch/fetchtest"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources"
 	"github.com/agent-dev/agent/resources/restest"
 )
 
@@ -45,8 +46,11 @@ func sha(b []byte) string {
 // call is a fresh engine, as a new agent process would be.
 func engine(t testing.TB, dir, src string) *agent.Engine {
 	t.Helper()
-	return restest.InDir(t, dir, src, Kinds())
+	return restest.InDir(t, dir, src, kinds())
 }
+
+// kinds is what the download tests' plans declare.
+func kinds() []agent.Kind { return []agent.Kind{DownloadKind(resources.Machine{})} }
 
 func mustApply(t testing.TB, e *agent.Engine) *agent.Report {
 	t.Helper()
@@ -587,7 +591,7 @@ func TestDownloadBindErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, diags := restest.BindPlan("download \"x\" {\n  "+tc.body+"\n}\n", Kinds())
+			_, diags := restest.BindPlan("download \"x\" {\n  "+tc.body+"\n}\n", kinds())
 			if !strings.Contains(diags.Error(), tc.want) {
 				t.Errorf("diagnostics %q, want %q", diags.Error(), tc.want)
 			}
@@ -602,7 +606,7 @@ func TestDownloadBindErrors(t *testing.T) {
     sha256 = "`+sum+`"
   }
 }
-`, Kinds()); diags.HasErrors() {
+`, kinds()); diags.HasErrors() {
 		t.Errorf("insecure = true: %v", diags)
 	}
 }
@@ -738,5 +742,20 @@ func TestDownloadRangesThroughExpiringSignedURLs(t *testing.T) {
 	}
 	if st.BytesSent > int64(len(files["a.bin"]))+6*(256<<10) {
 		t.Errorf("%d bytes sent for %d: more than a cut-off signature's worth per connection fetched twice", st.BytesSent, len(files["a.bin"]))
+	}
+}
+
+// TestDownloadCheckWritesNothing: the listing a Check makes comes back as a record update
+// in the diff, never written (issue 24; see restest.CheckWritesNothing).
+func TestDownloadCheckWritesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	hub := newFakeHub(t, hubFiles())
+	tokenFile := filepath.Join(dir, "hf-token")
+	os.WriteFile(tokenFile, []byte(hub.token+"\n"), 0o600)
+	store := restest.OpenStore(t, filepath.Join(dir, ".state"))
+	d := restest.CheckWritesNothing(t, dir, hubPlan(hub, tokenFile, "main"), kinds(), store, "download.model", "root="+dir)
+	if rec, ok := restest.RecordOf[*downloadRecord](d); d.Record == nil || !ok || rec.Hub == nil || rec.Hub.Commit == "" {
+		t.Errorf("the listing is not in the diff as a record update: %+v", d.Record)
 	}
 }

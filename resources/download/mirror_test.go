@@ -1,4 +1,4 @@
-package resources
+package download
 
 import (
 	"bytes"
@@ -91,7 +91,7 @@ func TestDownloadHubFromMirror(t *testing.T) {
 	host3 := t.TempDir()
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	mustApply(t, restest.Engine(t, host3, withMirror(), Kinds(), restest.OpenStore(t, filepath.Join(host3, ".state")), agent.Options{Log: log}, "root="+host3))
+	mustApply(t, restest.Engine(t, host3, withMirror(), kinds(), restest.OpenStore(t, filepath.Join(host3, ".state")), agent.Options{Log: log}, "root="+host3))
 	for _, want := range []string{`msg="mirror passed over" resource=download.model file=model-00002-of-00002.safetensors`, "checksum mismatch",
 		"files_from_mirrors=3 files_from_origin=1 origin_bytes=204800"} {
 		if !strings.Contains(logs.String(), want) {
@@ -123,7 +123,7 @@ func TestDownloadMirrorBindErrors(t *testing.T) {
   mirrors = ["`+m+`"]
   huggingface { repo = "a/b" }
 }
-`, Kinds())
+`, kinds())
 		if !strings.Contains(diags.Error(), "Invalid mirror") || strings.Contains(diags.Error(), "pw") {
 			t.Errorf("mirror %q: diagnostics %q, want Invalid mirror (without the password)", m, diags.Error())
 		}
@@ -133,7 +133,7 @@ func TestDownloadMirrorBindErrors(t *testing.T) {
   mirrors = ["http://kpro5.lan:8088/qwen", "https://peer/qwen/"]
   huggingface { repo = "a/b" }
 }
-`, Kinds()); diags.HasErrors() {
+`, kinds()); diags.HasErrors() {
 		t.Errorf("plain http mirrors on the LAN: %v", diags)
 	}
 }

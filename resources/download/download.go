@@ -1,4 +1,4 @@
-package resources
+package download
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/internal/trust"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 )
 
 // DownloadConfig is the `download` block.
@@ -91,7 +92,7 @@ type Download struct {
 	mu   sync.Mutex
 	memo *hubMemo // a branch resolved by this process
 
-	Deletion // ensure = "absent", agent destroy, an orphan: download_delete.go
+	resources.Deletion // ensure = "absent", agent destroy, an orphan: download_delete.go
 }
 
 type hubSource struct {
@@ -111,7 +112,7 @@ var (
 )
 
 // DownloadKind is the `download` resource kind.
-func DownloadKind(h Machine) agent.Kind {
+func DownloadKind(h resources.Machine) agent.Kind {
 	k := agent.NewKind("download", func(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
 		res, diags := bindDownload(r, c)
 		if d, ok := res.(*Download); ok && d != nil {
@@ -127,13 +128,13 @@ func DownloadKind(h Machine) agent.Kind {
 }
 
 func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Diagnostics) {
-	b := &Binder{R: r}
+	b := &resources.Binder{R: r}
 	bad := b.Bad
 	d := &Download{addr: r.Addr, dest: c.Dest, concurrency: 4, stall: 60 * time.Second,
-		timeout: defaultDownloadTimeout, insecure: Deref(c.Insecure), getenv: os.Getenv}
+		timeout: defaultDownloadTimeout, insecure: resources.Deref(c.Insecure), getenv: os.Getenv}
 	if !filepath.IsAbs(c.Dest) {
 		bad(r.Range("dest"), "Relative destination", fmt.Sprintf("dest %q must be absolute.", c.Dest))
-	} else if HasDotDot(c.Dest) {
+	} else if resources.HasDotDot(c.Dest) {
 		bad(r.Range("dest"), "Destination with ..", fmt.Sprintf("dest %q has a \"..\" element; write the directory it means (%s), so the plan says where files land.", c.Dest, filepath.Clean(c.Dest)))
 	} else {
 		d.dest = filepath.Clean(c.Dest)
@@ -198,7 +199,7 @@ func bindDownload(r *plans.Resource, c *DownloadConfig) (agent.Resource, hcl.Dia
 }
 
 // bindFiles reads the file blocks: clean names inside dest, allowed URLs, a sha256 each.
-func (d *Download) bindFiles(b *Binder, files []DownloadFileConfig) {
+func (d *Download) bindFiles(b *resources.Binder, files []DownloadFileConfig) {
 	r, bad := b.R, b.Bad
 	seen := map[string]bool{}
 	for _, f := range files {
@@ -233,12 +234,12 @@ func (d *Download) bindFiles(b *Binder, files []DownloadFileConfig) {
 
 // bindHub reads the huggingface block: a repository id, a revision, an allowed endpoint,
 // the token file and the include and exclude patterns.
-func (d *Download) bindHub(b *Binder, h *DownloadHubConfig) {
+func (d *Download) bindHub(b *resources.Binder, h *DownloadHubConfig) {
 	if h == nil {
 		return
 	}
 	r, bad := b.R, b.Bad
-	src := &hubSource{repo: h.Repo, revision: "main", endpoint: defaultHubEndpoint, tokenFile: Deref(h.TokenFile)}
+	src := &hubSource{repo: h.Repo, revision: "main", endpoint: defaultHubEndpoint, tokenFile: resources.Deref(h.TokenFile)}
 	if h.Revision != nil {
 		src.revision = *h.Revision
 	}
