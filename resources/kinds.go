@@ -5,6 +5,8 @@
 package resources
 
 import (
+	"path/filepath"
+
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
 )
@@ -47,4 +49,13 @@ func (h Machine) WithDefaults() Machine {
 		h.GPU = gpu.Default(h.Root)
 	}
 	return h
+}
+
+// Path is rel under the host's root.
+func (h Machine) Path(rel string) string {
+	root := h.Root
+	if root == "" {
+		root = "/"
+	}
+	return filepath.Join(root, filepath.FromSlash(rel))
 }

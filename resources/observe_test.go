@@ -3,14 +3,12 @@ package resources
 import (
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/resources/restest"
 )
 
@@ -22,16 +20,6 @@ import (
 // used to write its record: what it found comes back as data (Diff.Record).
 func TestCheckWritesNothing(t *testing.T) {
 	t.Parallel()
-	t.Run("nvidia_driver", func(t *testing.T) {
-		t.Parallel()
-		root := fakeRoot(t, tree570)
-		h := Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
-		dir := t.TempDir()
-		store := restest.OpenStore(t, filepath.Join(dir, ".state"))
-		if d := restest.CheckWritesNothing(t, dir, `nvidia_driver "host" { version = "570.172.08" }`, KindsFor(h), store, "nvidia_driver.host"); d.Action != agent.NoOp {
-			t.Errorf("diff %+v, want a no-op", d)
-		}
-	})
 	t.Run("server adopted", func(t *testing.T) {
 		t.Parallel()
 		h := newSrvHarness(t)

@@ -21,5 +21,5 @@ func KindsFor(h Machine) []agent.Kind {
 	if h.Servers == nil {
 		h.Servers = ServerPeers{}
 	}
-	return []agent.Kind{DriverKind(h), ContainerKind(h), ServerKind(h)}
+	return []agent.Kind{ContainerKind(h), ServerKind(h)}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/resources"
 	"github.com/agent-dev/agent/resources/download"
+	"github.com/agent-dev/agent/resources/driver"
 	"github.com/agent-dev/agent/resources/file"
 )
 
@@ -31,7 +32,7 @@ func KindsFor(h resources.Machine) []agent.Kind {
 	}
 	return []agent.Kind{
 		file.FileKind(),
-		resources.DriverKind(h),
+		driver.DriverKind(h),
 		resources.ContainerKind(h),
 		download.DownloadKind(h),
 		resources.ServerKind(h),

@@ -1,4 +1,4 @@
-package resources
+package driver
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/resources"
 )
 
 // ErrGPUInUse is wrapped by the error of a driver change refused because processes use
@@ -68,7 +69,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 		// A fresh host: the installer may not have loaded the module; try once. A failure
 		// is not an error: the reboot below (or its warning) covers it.
 		if o, err := observeDriver(ctx, d.host); err == nil && o.Loaded == "" && !o.Nouveau {
-			if out, err := d.host.Run.Run(ctx, Command{Name: "modprobe", Args: []string{"nvidia"}}); err != nil {
+			if out, err := d.host.Run.Run(ctx, resources.Command{Name: "modprobe", Args: []string{"nvidia"}}); err != nil {
 				env.Log.Warn("modprobe nvidia failed; a reboot loads the driver", "err", err, "output", string(bytes.TrimSpace(out)))
 			}
 		}
@@ -79,8 +80,8 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 		if *det.pm {
 			v = "1"
 		}
-		if out, err := d.host.Run.Run(ctx, Command{Name: "nvidia-smi", Args: []string{"-pm", v}}); err != nil {
-			return fmt.Errorf("persistence mode: nvidia-smi -pm %s: %w: %s", v, err, TailLines(out, 5))
+		if out, err := d.host.Run.Run(ctx, resources.Command{Name: "nvidia-smi", Args: []string{"-pm", v}}); err != nil {
+			return fmt.Errorf("persistence mode: nvidia-smi -pm %s: %w: %s", v, err, resources.TailLines(out, 5))
 		}
 	}
 
@@ -122,8 +123,8 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 		return err
 	}
 	env.Log.Warn("rebooting the host", "reason", rec.RebootRequested.Reason)
-	if out, err := d.host.Run.Run(ctx, Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {
-		return fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, TailLines(out, 5))
+	if out, err := d.host.Run.Run(ctx, resources.Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {
+		return fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, resources.TailLines(out, 5))
 	}
 	return nil
 }
@@ -209,11 +210,11 @@ func (d *Driver) install(ctx context.Context, env *agent.Env) (*installNote, err
 	defer logf.Close()
 	note := &installNote{Version: d.version, Log: logPath}
 
-	var cmd Command
+	var cmd resources.Command
 	quote := logPath // the log whose tail explains a failure
 	if d.installer != nil {
 		note.Method = "installer " + d.installer.URL
-		name := InstallerName(d.installer.URL, d.version)
+		name := resources.InstallerName(d.installer.URL, d.version)
 		opts := d.fetchOpts
 		opts.Dest = filepath.Join(dir, "cache")
 		res, err := fetch.Fetch(ctx, []fetch.File{{Name: name, URL: d.installer.URL, Size: -1, SHA256: d.installer.SHA256}}, opts)
@@ -227,17 +228,17 @@ func (d *Driver) install(ctx context.Context, env *agent.Env) (*installNote, err
 		args = append(args, "--log-file-name="+nvLog)
 		args = append(args, d.installer.Args...)
 		// sh runs the makeself archive even from a noexec state directory.
-		cmd = Command{Name: "/bin/sh", Args: args, Log: logf}
+		cmd = resources.Command{Name: "/bin/sh", Args: args, Log: logf}
 		quote = nvLog
 	} else {
 		note.Method = "package " + d.pkg
 		switch {
-		case exists(d.host.path("usr/bin/apt-get")):
-			cmd = Command{Name: "apt-get", Args: []string{"install", "-y", d.pkg}, Env: []string{"DEBIAN_FRONTEND=noninteractive"}, Log: logf}
-		case exists(d.host.path("usr/bin/dnf")):
-			cmd = Command{Name: "dnf", Args: []string{"install", "-y", d.pkg}, Log: logf}
+		case exists(d.host.Path("usr/bin/apt-get")):
+			cmd = resources.Command{Name: "apt-get", Args: []string{"install", "-y", d.pkg}, Env: []string{"DEBIAN_FRONTEND=noninteractive"}, Log: logf}
+		case exists(d.host.Path("usr/bin/dnf")):
+			cmd = resources.Command{Name: "dnf", Args: []string{"install", "-y", d.pkg}, Log: logf}
 		default:
-			return note, fmt.Errorf("package %q: no package manager found (apt-get or dnf under %s)", d.pkg, d.host.path("usr/bin"))
+			return note, fmt.Errorf("package %q: no package manager found (apt-get or dnf under %s)", d.pkg, d.host.Path("usr/bin"))
 		}
 	}
 	fmt.Fprintf(logf, "# %s: %s\n", time.Now().UTC().Format(time.RFC3339), cmd)
@@ -268,18 +269,18 @@ func (d *Driver) install(ctx context.Context, env *agent.Env) (*installNote, err
 // updateInitramfs rebuilds the initramfs after the blacklist, so that nouveau is not
 // loaded from it at the next boot.
 func (d *Driver) updateInitramfs(ctx context.Context, env *agent.Env) error {
-	var cmd Command
+	var cmd resources.Command
 	switch {
-	case exists(d.host.path("usr/sbin/update-initramfs")):
-		cmd = Command{Name: "update-initramfs", Args: []string{"-u"}}
-	case exists(d.host.path("usr/bin/dracut")):
-		cmd = Command{Name: "dracut", Args: []string{"--force"}}
+	case exists(d.host.Path("usr/sbin/update-initramfs")):
+		cmd = resources.Command{Name: "update-initramfs", Args: []string{"-u"}}
+	case exists(d.host.Path("usr/bin/dracut")):
+		cmd = resources.Command{Name: "dracut", Args: []string{"--force"}}
 	default:
 		env.Log.Info("no update-initramfs or dracut: the initramfs is not rebuilt")
 		return nil
 	}
 	if out, err := d.host.Run.Run(ctx, cmd); err != nil {
-		return fmt.Errorf("nouveau blacklist: %s: %w: %s", cmd, err, TailLines(out, 10))
+		return fmt.Errorf("nouveau blacklist: %s: %w: %s", cmd, err, resources.TailLines(out, 10))
 	}
 	return nil
 }
@@ -294,5 +295,5 @@ func tailFile(p string, n int) string {
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}
-	return TailLines(data, n)
+	return resources.TailLines(data, n)
 }

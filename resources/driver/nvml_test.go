@@ -1,6 +1,6 @@
 //go:build cgo
 
-package resources
+package driver
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/resources"
 )
 
 // Issue 6 points 3 and 4: status over go-nvml's simulated DGX H200 (with what the
@@ -51,7 +52,7 @@ func TestDriverStatusDGXH200(t *testing.T) {
 	os.MkdirAll(filepath.Join(procRoot, "4242"), 0o755)
 	os.WriteFile(filepath.Join(procRoot, "4242", "cmdline"), []byte("python3\x00-m\x00sglang.launch_server\x00--tp-size\x002\x00"), 0o644)
 
-	h := Machine{Root: root, GPU: gpu.NewNVML(s), Proc: proc.FS{Root: procRoot}, Run: &fakeRunner{}}
+	h := resources.Machine{Root: root, GPU: gpu.NewNVML(s), Proc: proc.FS{Root: procRoot}, Run: &fakeRunner{}}
 	d := bindForTest(t, h, `nvidia_driver "host" {
   version          = "550.54.15"
   persistence_mode = true

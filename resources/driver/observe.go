@@ -1,4 +1,4 @@
-package resources
+package driver
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/resources"
 )
 
 // driverVersionRE is an NVIDIA driver version: 580.95.05, 570.172.08, 550.54.
@@ -66,16 +67,8 @@ func (o *driverObs) userspace() string {
 	return ""
 }
 
-func (h Machine) path(rel string) string {
-	root := h.Root
-	if root == "" {
-		root = "/"
-	}
-	return filepath.Join(root, filepath.FromSlash(rel))
-}
-
 // observeDriver reads everything the nvidia_driver resource compares with the plan.
-func observeDriver(ctx context.Context, h Machine) (*driverObs, error) {
+func observeDriver(ctx context.Context, h resources.Machine) (*driverObs, error) {
 	o := &driverObs{}
 	if err := observeLoaded(h, o); err != nil {
 		return nil, err
@@ -84,7 +77,7 @@ func observeDriver(ctx context.Context, h Machine) (*driverObs, error) {
 	if err := observeNouveau(h, o); err != nil {
 		return nil, err
 	}
-	if b, err := os.ReadFile(h.path("proc/sys/kernel/random/boot_id")); err == nil {
+	if b, err := os.ReadFile(h.Path("proc/sys/kernel/random/boot_id")); err == nil {
 		o.BootID = strings.TrimSpace(string(b))
 	}
 	info, err := h.GPU.Observe(ctx)
@@ -97,8 +90,8 @@ func observeDriver(ctx context.Context, h Machine) (*driverObs, error) {
 
 // observeLoaded reads the loaded module's version from /proc/driver/nvidia/version, or
 // /sys/module/nvidia/version when /proc/driver/nvidia is hidden (some containers).
-func observeLoaded(h Machine, o *driverObs) error {
-	p := h.path("proc/driver/nvidia/version")
+func observeLoaded(h resources.Machine, o *driverObs) error {
+	p := h.Path("proc/driver/nvidia/version")
 	data, err := os.ReadFile(p)
 	switch {
 	case err == nil:
@@ -111,7 +104,7 @@ func observeLoaded(h Machine, o *driverObs) error {
 	case !errors.Is(err, fs.ErrNotExist):
 		return err
 	}
-	p = h.path("sys/module/nvidia/version")
+	p = h.Path("sys/module/nvidia/version")
 	data, err = os.ReadFile(p)
 	switch {
 	case err == nil:
@@ -129,16 +122,16 @@ func observeLoaded(h Machine, o *driverObs) error {
 // observeUserspace follows libnvidia-ml.so.1 in the usual library directories to the
 // versioned file it names (libnvidia-ml.so.580.95.05), through any chain of links
 // (Debian's alternatives), resolving absolute targets under the host root.
-func observeUserspace(h Machine, o *driverObs) {
+func observeUserspace(h resources.Machine, o *driverObs) {
 	var notes []string
 	for _, dir := range userspaceLibDirs {
 		link := "/" + dir + "/libnvidia-ml.so.1"
-		cur := h.path(link)
+		cur := h.Path(link)
 		var final string
 		for range 16 {
 			fi, err := os.Lstat(cur)
 			if err != nil {
-				if cur != h.path(link) {
+				if cur != h.Path(link) {
 					notes = append(notes, fmt.Sprintf("%s is a broken link (%s)", link, err))
 				}
 				break
@@ -153,7 +146,7 @@ func observeUserspace(h Machine, o *driverObs) {
 				break
 			}
 			if filepath.IsAbs(t) {
-				cur = h.path(t)
+				cur = h.Path(t)
 			} else {
 				cur = filepath.Join(filepath.Dir(cur), t)
 			}
@@ -179,8 +172,8 @@ func observeUserspace(h Machine, o *driverObs) {
 // observeNouveau finds out whether nouveau is loaded (/proc/modules, or
 // /sys/module/nouveau/initstate, which a built-in module lacks) and whether a modprobe.d
 // file blacklists it.
-func observeNouveau(h Machine, o *driverObs) error {
-	if data, err := os.ReadFile(h.path("proc/modules")); err == nil {
+func observeNouveau(h resources.Machine, o *driverObs) error {
+	if data, err := os.ReadFile(h.Path("proc/modules")); err == nil {
 		for line := range strings.Lines(string(data)) {
 			if strings.HasPrefix(line, "nouveau ") {
 				o.Nouveau = true
@@ -189,11 +182,11 @@ func observeNouveau(h Machine, o *driverObs) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if _, err := os.Stat(h.path("sys/module/nouveau/initstate")); err == nil {
+	if _, err := os.Stat(h.Path("sys/module/nouveau/initstate")); err == nil {
 		o.Nouveau = true
 	}
 	for _, dir := range modprobeDirs {
-		files, _ := filepath.Glob(h.path(dir + "/*.conf"))
+		files, _ := filepath.Glob(h.Path(dir + "/*.conf"))
 		for _, f := range files {
 			data, err := os.ReadFile(f)
 			if err != nil {
@@ -225,7 +218,7 @@ func gpuProcesses(info gpu.Info) []gpu.Process {
 
 // describeProcesses renders processes for an operator: "pid 4242 (python3 -m
 // sglang.launch_server …) 70.0 GiB", command lines read through h.Proc.
-func describeProcesses(h Machine, ps []gpu.Process) string {
+func describeProcesses(h resources.Machine, ps []gpu.Process) string {
 	parts := make([]string, len(ps))
 	for i, p := range ps {
 		parts[i] = fmt.Sprintf("pid %d (%s) %s", p.PID, cmdlineOf(h, p.PID), bytesize.Format(p.UsedMemory))
@@ -233,7 +226,7 @@ func describeProcesses(h Machine, ps []gpu.Process) string {
 	return strings.Join(parts, ", ")
 }
 
-func cmdlineOf(h Machine, pid int) string {
+func cmdlineOf(h resources.Machine, pid int) string {
 	argv, err := h.Proc.Cmdline(pid)
 	switch {
 	case err != nil:

@@ -1,4 +1,4 @@
-package resources
+package driver
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/agent-dev/agent/internal/fetch"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 )
 
 // DriverConfig is the `nvidia_driver` block.
@@ -61,7 +62,7 @@ type Driver struct {
 	persistence   *bool
 	rebootAllowed bool
 	blacklist     bool
-	host          Machine
+	host          resources.Machine
 	release       time.Duration // how long stopped servers' GPU memory may take to be freed; 0: releaseTimeout
 	fetchOpts     fetch.Options // the installer's download options (Dest is set by install)
 }
@@ -73,9 +74,9 @@ var (
 )
 
 // DriverKind is the `nvidia_driver` resource kind, acting on h.
-func DriverKind(h Machine) agent.Kind {
+func DriverKind(h resources.Machine) agent.Kind {
 	if h.Run == nil {
-		h.Run = ExecRunner{}
+		h.Run = resources.ExecRunner{}
 	}
 	if h.GPU == nil {
 		h.GPU = gpu.Default(h.Root)
@@ -85,17 +86,17 @@ func DriverKind(h Machine) agent.Kind {
 	})
 }
 
-func bindDriver(r *plans.Resource, c *DriverConfig, h Machine) (agent.Resource, hcl.Diagnostics) {
+func bindDriver(r *plans.Resource, c *DriverConfig, h resources.Machine) (agent.Resource, hcl.Diagnostics) {
 	var diags hcl.Diagnostics
 	bad := func(summary, detail string, path ...string) {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Range(path...).Ptr()})
 	}
-	d := &Driver{addr: r.Addr, name: r.Name, version: c.Version, installer: c.Installer, pkg: Deref(c.Package),
+	d := &Driver{addr: r.Addr, name: r.Name, version: c.Version, installer: c.Installer, pkg: resources.Deref(c.Package),
 		persistence: c.PersistenceMode, blacklist: c.BlacklistNouveau == nil || *c.BlacklistNouveau, host: h}
 	if !driverVersionRE.MatchString(c.Version) {
 		bad("Invalid driver version", fmt.Sprintf("version %q is not an NVIDIA driver version such as \"580.95.05\".", c.Version), "version")
 	}
-	switch rb := Deref(c.Reboot); rb {
+	switch rb := resources.Deref(c.Reboot); rb {
 	case "", "never":
 	case "allowed":
 		d.rebootAllowed = true
@@ -124,7 +125,7 @@ func bindDriver(r *plans.Resource, c *DriverConfig, h Machine) (agent.Resource, 
 }
 
 // Timeout implements agent.Timeouter.
-func (d *Driver) Timeout() time.Duration { return DriverTimeout }
+func (d *Driver) Timeout() time.Duration { return resources.DriverTimeout }
 
 // driverRecord is the resource's state: facts the agent proved or did, never the plan.
 type driverRecord struct {
@@ -188,10 +189,10 @@ func (d *Driver) rebootCauses(o *driverObs) []rebootCause {
 	return cs
 }
 
-func (d *Driver) blacklistFile() *File {
-	mode := OctalMode(0o644)
-	return &File{addr: d.addr + ".blacklist_nouveau", path: d.host.path(nouveauBlacklistPath),
-		content: []byte(nouveauBlacklistContent), mode: &mode}
+func (d *Driver) blacklistFile() *resources.File {
+	mode := resources.OctalMode(0o644)
+	return resources.NewFile(resources.FileSpec{Addr: d.addr + ".blacklist_nouveau", Path: d.host.Path(nouveauBlacklistPath),
+		Content: []byte(nouveauBlacklistContent), Mode: &mode})
 }
 
 func (d *Driver) load(env *agent.Env) (driverRecord, error) {

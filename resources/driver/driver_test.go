@@ -1,4 +1,4 @@
-package resources
+package driver
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/resources"
 	"github.com/agent-dev/agent/resources/restest"
 )
 
@@ -127,17 +128,17 @@ func fakeRoot(t *testing.T, tree string) string {
 // a script the test wrote. Everything else goes to handle (nil: success, no output).
 type fakeRunner struct {
 	mu     sync.Mutex
-	cmds   []Command
-	handle func(c Command) ([]byte, error)
+	cmds   []resources.Command
+	handle func(c resources.Command) ([]byte, error)
 }
 
-func (r *fakeRunner) Run(ctx context.Context, c Command) ([]byte, error) {
+func (r *fakeRunner) Run(ctx context.Context, c resources.Command) ([]byte, error) {
 	r.mu.Lock()
 	r.cmds = append(r.cmds, c)
 	handle := r.handle
 	r.mu.Unlock()
 	if c.Name == "/bin/sh" {
-		return ExecRunner{}.Run(ctx, c)
+		return resources.ExecRunner{}.Run(ctx, c)
 	}
 	if handle != nil {
 		return handle(c)
@@ -199,10 +200,10 @@ echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (v
 // driverHost is a fake host for the driver tests: tree unpacked under a fresh root, the
 // GPUs observed through procfs there, run as the command runner, and a state directory
 // of its own.
-func driverHost(t *testing.T, tree string, run *fakeRunner) Machine {
+func driverHost(t *testing.T, tree string, run *fakeRunner) resources.Machine {
 	t.Helper()
 	root := fakeRoot(t, tree)
-	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: t.TempDir()}
+	return resources.Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run, StateDir: t.TempDir()}
 }
 
 // installer is a fake v580 installer served on loopback for one test.
@@ -240,13 +241,13 @@ nvidia_driver "host" {
 }
 
 // driverEngine is an engine for src on h, with the engine's state under h.StateDir.
-func driverEngine(t *testing.T, h Machine, src string) *agent.Engine {
+func driverEngine(t *testing.T, h resources.Machine, src string) *agent.Engine {
 	t.Helper()
 	return restest.Engine(t, t.TempDir(), src, []agent.Kind{DriverKind(h)}, restest.OpenStore(t, filepath.Join(h.StateDir, "state")), agent.Options{})
 }
 
 // bindForTest binds src on h and returns its one driver, to be driven directly.
-func bindForTest(t *testing.T, h Machine, src string) *Driver {
+func bindForTest(t *testing.T, h resources.Machine, src string) *Driver {
 	t.Helper()
 	res, diags := restest.BindPlan(src, []agent.Kind{DriverKind(h)})
 	if diags.HasErrors() {
@@ -403,7 +404,7 @@ func TestDriverFreshInstallModprobe(t *testing.T) {
 	t.Parallel()
 	run := &fakeRunner{}
 	h := driverHost(t, treeBare, run)
-	run.handle = func(c Command) ([]byte, error) {
+	run.handle = func(c resources.Command) ([]byte, error) {
 		if c.String() == "modprobe nvidia" {
 			writeTree(t, h.Root, tree580)
 		}
@@ -486,7 +487,7 @@ func TestDriverPackage(t *testing.T) {
 			run := &fakeRunner{}
 			h := driverHost(t, tree570, run)
 			var env []string
-			run.handle = func(c Command) ([]byte, error) {
+			run.handle = func(c resources.Command) ([]byte, error) {
 				if c.Name == "apt-get" {
 					env = c.Env
 					fmt.Fprintf(c.Log, "Setting up nvidia-driver-580 (%s-0ubuntu1) ...\n", tc.installs)
@@ -603,13 +604,13 @@ func TestDriverPersistenceMode(t *testing.T) {
 	t.Parallel()
 	root := fakeRoot(t, tree580)
 	obs := &fixedGPU{info: nvmlInfo(v580, true, false)}
-	run := &fakeRunner{handle: func(c Command) ([]byte, error) {
+	run := &fakeRunner{handle: func(c resources.Command) ([]byte, error) {
 		if c.String() == "nvidia-smi -pm 1" {
 			obs.set(func(i *gpu.Info) { i.GPUs[1].PersistenceMode = ptrTo(true) })
 		}
 		return nil, nil
 	}}
-	e := driverEngine(t, Machine{Root: root, GPU: obs, Run: run, StateDir: t.TempDir()}, `
+	e := driverEngine(t, resources.Machine{Root: root, GPU: obs, Run: run, StateDir: t.TempDir()}, `
 nvidia_driver "host" {
   version          = "580.95.05"
   persistence_mode = true
@@ -727,7 +728,7 @@ func TestDriverStatusEveryGPUState(t *testing.T) {
 			if s != gpu.StateOK {
 				info = gpu.Info{State: s, Source: gpu.SourceNVML, StateDetail: "nvml init: detail of " + s.String()}
 			}
-			d := bindForTest(t, Machine{Root: root, GPU: &fixedGPU{info: info}, Run: &fakeRunner{}}, `nvidia_driver "host" { version = "580.95.05" }`)
+			d := bindForTest(t, resources.Machine{Root: root, GPU: &fixedGPU{info: info}, Run: &fakeRunner{}}, `nvidia_driver "host" { version = "580.95.05" }`)
 			st, err := d.Status(context.Background(), &agent.Env{Addr: "nvidia_driver.host", Log: discardLog()})
 			if err != nil {
 				t.Fatal(err)
@@ -768,7 +769,7 @@ symlink libnvidia-ml.so.535.247.01
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			o := &driverObs{}
-			observeUserspace(Machine{Root: fakeRoot(t, tc.tree)}, o)
+			observeUserspace(resources.Machine{Root: fakeRoot(t, tc.tree)}, o)
 			if o.Installed != tc.want || !strings.Contains(o.InstalledNote, tc.note) {
 				t.Errorf("installed %q note %q, want %q / %q", o.Installed, o.InstalledNote, tc.want, tc.note)
 			}
@@ -781,7 +782,7 @@ symlink libnvidia-ml.so.535.247.01
 func TestDriverObserveOnly(t *testing.T) {
 	t.Parallel()
 	root := fakeRoot(t, tree570)
-	h := Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
+	h := resources.Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
 	d := bindForTest(t, h, `nvidia_driver "host" { version = "580.95.05" }`)
 	_, err := d.Check(context.Background(), &agent.Env{Log: discardLog()})
 	if err == nil || !strings.Contains(err.Error(), "the plan wants driver 580.95.05 and the host has 570.172.08 loaded, and neither installer { url, sha256 } nor package says how to install it") {
@@ -833,12 +834,12 @@ func TestDriverBindErrors(t *testing.T) {
   package = " "
 }`, "Empty package"},
 	} {
-		_, diags := restest.BindPlan(tc.src, []agent.Kind{DriverKind(Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
+		_, diags := restest.BindPlan(tc.src, []agent.Kind{DriverKind(resources.Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}})})
 		if !diags.HasErrors() || !strings.Contains(diags.Error(), tc.want) {
 			t.Errorf("%s:\ndiagnostics %v, want %q", tc.src, diags, tc.want)
 		}
 	}
-	d := bindForTest(t, Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}}, `nvidia_driver "h" { version = "580.95.05" }`)
+	d := bindForTest(t, resources.Machine{GPU: &fixedGPU{}, Run: &fakeRunner{}}, `nvidia_driver "h" { version = "580.95.05" }`)
 	if !d.blacklist || d.rebootAllowed {
 		t.Errorf("defaults: blacklist %v, reboot allowed %v", d.blacklist, d.rebootAllowed)
 	}
@@ -848,14 +849,14 @@ func TestDriverBindErrors(t *testing.T) {
 // and disables host commands.
 func TestDriverHostFromEnv(t *testing.T) {
 	t.Parallel()
-	if h := HostFromEnv(func(string) string { return "" }); h.Root != "" || h.GPU != nil || h.Run != nil {
+	if h := resources.HostFromEnv(func(string) string { return "" }); h.Root != "" || h.GPU != nil || h.Run != nil {
 		t.Errorf("no env: %+v", h)
 	}
-	h := HostFromEnv(func(k string) string { return map[string]string{HostRootEnv: "/tmp/fake"}[k] })
+	h := resources.HostFromEnv(func(k string) string { return map[string]string{resources.HostRootEnv: "/tmp/fake"}[k] })
 	if h.Root != "/tmp/fake" || h.GPU != (gpu.ProcFS{Root: "/tmp/fake"}) {
 		t.Errorf("with env: %+v", h)
 	}
-	if _, err := h.Run.Run(context.Background(), Command{Name: "apt-get"}); !errors.Is(err, ErrCommandsDisabled) {
+	if _, err := h.Run.Run(context.Background(), resources.Command{Name: "apt-get"}); !errors.Is(err, resources.ErrCommandsDisabled) {
 		t.Errorf("runner: %v", err)
 	}
 }
@@ -872,7 +873,7 @@ live
 -- etc/modprobe.d/blacklist-nouveau.conf --
 blacklist nouveau
 `, run)
-	run.handle = func(c Command) ([]byte, error) {
+	run.handle = func(c resources.Command) ([]byte, error) {
 		if c.Name == "apt-get" {
 			writeTree(t, h.Root, "-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 --\nsymlink libnvidia-ml.so.580.95.05\n-- usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 --\n")
 		}
@@ -896,5 +897,18 @@ nvidia_driver "host" {
 	st := oneStep(t, e.Plan(context.Background()))
 	if st.Diff.Action != agent.NoOp || len(st.Diff.Warnings) != 2 {
 		t.Errorf("plan %+v", st.Diff)
+	}
+}
+
+// TestDriverCheckWritesNothing: the driver's Check writes nothing (issue 24; see
+// restest.CheckWritesNothing).
+func TestDriverCheckWritesNothing(t *testing.T) {
+	t.Parallel()
+	root := fakeRoot(t, tree570)
+	h := resources.Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: &fakeRunner{}}
+	dir := t.TempDir()
+	store := restest.OpenStore(t, filepath.Join(dir, ".state"))
+	if d := restest.CheckWritesNothing(t, dir, `nvidia_driver "host" { version = "570.172.08" }`, []agent.Kind{DriverKind(h)}, store, "nvidia_driver.host"); d.Action != agent.NoOp {
+		t.Errorf("diff %+v, want a no-op", d)
 	}
 }

@@ -1,4 +1,4 @@
-package resources
+package driver
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agent-dev/agent/internal/testbin"
+	"github.com/agent-dev/agent/resources"
 )
 
 // Issue 6 point 4: the agent builds with CGO_ENABLED=0 (no NVML) and, pointed at a fake
@@ -25,7 +26,7 @@ func TestDriverAgentWithoutCGO(t *testing.T) {
 	}
 	bin := filepath.Join(t.TempDir(), "agent")
 	build := exec.Command(goBin, "build", "-o", bin, ".")
-	build.Dir = ".."
+	build.Dir = "../.."
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
@@ -41,7 +42,7 @@ nvidia_driver "host" {
 `), 0o644)
 	run := func(root string, args ...string) (string, int) {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), HostRootEnv+"="+root)
+		cmd.Env = append(os.Environ(), resources.HostRootEnv+"="+root)
 		out, err := cmd.CombinedOutput()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
