@@ -123,7 +123,7 @@ func MemberOnline(ctx context.Context, c *incus.Client, member, instance string)
 		return ReachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
 	}
 	if !m.Online() {
-		return memberDownErr(m, instance)
+		return MemberDownErr(m, instance)
 	}
 	memberSeen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
 	return nil
@@ -137,4 +137,11 @@ func ReachErr(c *incus.Client, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (is incusd running and is %s its socket? set agent { incus_socket } or INCUS_SOCKET)", err, c.Socket())
+}
+
+// MemberDownErr is what a member the cluster reports not online means for an instance
+// on it, with the fix.
+func MemberDownErr(m *incus.ClusterMember, instance string) error {
+	return agent.Unavailable(fmt.Errorf("%s: instance %s on it can be neither observed nor changed until it is back (incus cluster list; start its incusd, or evacuate and restore it)",
+		m.Describe(), instance))
 }

@@ -1,11 +1,7 @@
 package resources
 
 import (
-	"errors"
-
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/proc"
-	"github.com/agent-dev/agent/internal/state"
 )
 
 // The questions one kind asks of what another recorded, in one place and read-only: a
@@ -49,50 +45,6 @@ func (h Machine) LiveInstance(env *agent.Env, name string) (live, retiring strin
 // ServersIn asks h.Servers; without one, true: the safe answer.
 func (h Machine) ServersIn(env *agent.Env, instance string) bool {
 	return h.Servers == nil || h.Servers.RunIn(env, instance)
-}
-
-// recordedElsewhere names another server record (not stopped) that holds the process
-// st: a server never adopts what another record names, so two records never name one PID.
-func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
-	holder := ""
-	EachRecord(env, "server", func(addr string, rec serverRecord) bool {
-		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
-			holder = addr
-		}
-		return holder == ""
-	})
-	return holder
-}
-
-// namedServer is a server's record with its address.
-type namedServer struct {
-	addr string
-	rec  serverRecord
-}
-
-// serverRecords is every server record of records (nil: none), for the stop of the
-// servers that hold the GPUs before a driver change (gpu_stopper.go). A record that
-// cannot be read is an error beside the others, never a reason to skip the rest.
-func serverRecords(records *state.View) ([]namedServer, error) {
-	if records == nil {
-		return nil, nil
-	}
-	addrs, err := records.List("server")
-	if err != nil {
-		return nil, err
-	}
-	var out []namedServer
-	var errs []error
-	for _, addr := range addrs {
-		var rec serverRecord
-		if ok, err := records.Load(addr, &rec); err != nil {
-			errs = append(errs, err)
-			continue
-		} else if ok {
-			out = append(out, namedServer{addr, rec})
-		}
-	}
-	return out, errors.Join(errs...)
 }
 
 // EachRecord calls fn with every other record of kind, decoded as T, until fn returns

@@ -74,7 +74,7 @@ func TestDriverStatusDGXH200(t *testing.T) {
 		"loaded":          "550.54.15 (open kernel module)",
 	} {
 		if got := fieldValue(st, name); !strings.Contains(got, want) {
-			t.Errorf("field %q = %q, want it to contain %q", name, got, want)
+			t.Errorf("restest.Field %q = %q, want it to contain %q", name, got, want)
 		}
 	}
 	if fieldValue(st, "gpu 2 processes") != "" {

@@ -8,33 +8,42 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/container"
 	"github.com/agent-dev/agent/resources/download"
 	"github.com/agent-dev/agent/resources/driver"
 	"github.com/agent-dev/agent/resources/file"
+	"github.com/agent-dev/agent/resources/server"
 )
 
 // Kinds returns every resource kind built into the agent, acting on this host.
 func Kinds() []agent.Kind { return KindsFor(resources.HostFromEnv(os.Getenv)) }
 
 // KindsFor returns every resource kind, acting on h. What h leaves unset is the real
-// thing: the GPUs of h.Root, and the server kind as the one that stops the servers
-// holding the GPUs before a driver change.
+// thing: the GPUs of h.Root, the server kind as the one that stops the servers holding
+// the GPUs before a driver change, and the container and server kinds as the ones that
+// answer each other's questions (resources.Containers, resources.Servers).
 func KindsFor(h resources.Machine) []agent.Kind {
-	h = h.WithDefaults()
-	if h.StopGPUServers == nil {
-		h.StopGPUServers = resources.ServerStopper(h.Proc, h.GPU)
-	}
-	if h.Containers == nil {
-		h.Containers = resources.ContainerPeers{}
-	}
-	if h.Servers == nil {
-		h.Servers = resources.ServerPeers{}
-	}
+	h = Wire(h)
 	return []agent.Kind{
 		file.FileKind(),
 		driver.DriverKind(h),
-		resources.ContainerKind(h),
+		container.ContainerKind(h),
 		download.DownloadKind(h),
-		resources.ServerKind(h),
+		server.ServerKind(h),
 	}
+}
+
+// Wire is h with what it leaves unset filled in as KindsFor does.
+func Wire(h resources.Machine) resources.Machine {
+	h = h.WithDefaults()
+	if h.StopGPUServers == nil {
+		h.StopGPUServers = server.ServerStopper(h.Proc, h.GPU)
+	}
+	if h.Containers == nil {
+		h.Containers = container.ContainerPeers{}
+	}
+	if h.Servers == nil {
+		h.Servers = server.ServerPeers{}
+	}
+	return h
 }

@@ -3,7 +3,9 @@
 package restest
 
 import (
+	"context"
 	"crypto/sha256"
+	"flag"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -11,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,8 +22,11 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 )
 
 // LoadPlan loads src as dir/plan.hcl with the schemas of kinds and the given -var
@@ -158,4 +165,116 @@ func ReachableDir(t *testing.T) string {
 	os.Chmod(d, 0o755)
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
+}
+
+// FakeGPUs is a gpu.Observer that reports fixed GPUs.
+type FakeGPUs struct{ Info gpu.Info }
+
+func (f FakeGPUs) Observe(context.Context) (gpu.Info, error) { return f.Info, nil }
+
+// A6000 is what the missing-GPU error should list: a host with one RTX A6000.
+var A6000 = FakeGPUs{gpu.Info{State: gpu.StateOK, Source: gpu.SourceNVML, DriverVersion: "580.95.05",
+	GPUs: []gpu.Device{{Index: 0, Name: "NVIDIA RTX A6000", PCIBusID: "00000000:01:00.0"}}}}
+
+// WaitingParallel raises -test.parallel to n when the command line did not set it and
+// go test's default (GOMAXPROCS) is lower.
+func WaitingParallel(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < n {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// QuietWatch starts the engine's watch of addr and requires it to stay quiet for two
+// member polls (its member answers); returned then requires it to return, without an
+// error, within two polls and 5 s of offline, when the cluster marked the member
+// Offline. The watch ends with the test.
+func QuietWatch(t *testing.T, e *agent.Engine, addr string) (returned func(offline time.Time)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	watched := make(chan error, 1)
+	go func() { watched <- e.Watch(ctx, addr) }()
+	select {
+	case err := <-watched:
+		t.Fatalf("the watch ended before the member hung: %v", err)
+	case <-time.After(2 * resources.MemberWatchEvery):
+	}
+	return func(offline time.Time) {
+		t.Helper()
+		within := 2*resources.MemberWatchEvery + 5*time.Second
+		select {
+		case err := <-watched:
+			if err != nil {
+				t.Errorf("the watch: %v", err)
+			}
+			t.Logf("the watch returned %s after the cluster marked the member Offline", time.Since(offline).Round(time.Millisecond))
+		case <-time.After(time.Until(offline.Add(within))):
+			t.Errorf("the watch did not return within %s of the cluster marking the member Offline", within)
+		}
+	}
+}
+
+// Field is the text of st's field name ("" when it has none).
+func Field(st *agent.Status, name string) string {
+	for _, f := range st.Fields {
+		if f.Name == name {
+			return f.Text
+		}
+	}
+	return ""
+}
+
+// WantErr fails the test unless err is an error that says every one of parts.
+func WantErr(t *testing.T, err error, parts ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one with %q", parts)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("error lacks %q:\n%v", p, err)
+		}
+	}
+}
+
+// WaitingTests is how many of a package's parallel tests run at once unless
+// -parallel says otherwise. They mostly wait (fake servers starting, ready.settle, stop
+// timeouts, incusd and cluster round trips, members going offline) and little of it is
+// CPU: on a 2-core machine the package used 0.6 of a core at go test's default of
+// GOMAXPROCS (2) and took 275 s; at 4, 203 s with no test slower by more than noise; at 8,
+// 183 s but the incusd tests stretched to 1.5× (the daemons themselves get busy). The server and
+// container packages are the suite's critical path, so they take 4.
+const WaitingTests = 4
+
+// RemoveInstance deletes the instance name, stopping it first.
+func RemoveInstance(t *testing.T, c *incus.Client, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	inst, _, err := c.GetInstance(ctx, name)
+	if err != nil {
+		return
+	}
+	if inst.StatusCode != incus.StatusStopped {
+		_ = c.Kill(ctx, name)
+	}
+	if err := c.DeleteInstance(ctx, name); err != nil && !incus.IsNotFound(err) {
+		t.Errorf("remove instance %s: %v", name, err)
+	}
+}
+
+// StepOf returns the step of addr in rep.
+func StepOf(t *testing.T, rep *agent.Report, addr string) *agent.Step {
+	t.Helper()
+	for _, st := range rep.Steps {
+		if st.Addr == addr {
+			return st
+		}
+	}
+	t.Fatalf("no step %s in %d steps", addr, len(rep.Steps))
+	return nil
 }

@@ -1,0 +1,319 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/resources"
+)
+
+// errNoInstance is wrapped when the server's container does not exist (yet).
+var errNoInstance = errors.New("container does not exist")
+
+// errNoEndpoint is wrapped when the agent cannot reach the server's port in its
+// container; the lifecycle is returned with it, good for everything but HTTP.
+var errNoEndpoint = errors.New("server port unreachable from the agent")
+
+// lifecycle is the lifecycle of the server's place: the host, or its container (which
+// must exist and run; errNoInstance when it does not exist).
+func (s *Server) lifecycle(ctx context.Context, env *agent.Env) (*lifecycle.Lifecycle, error) {
+	return s.lifecycleAt(ctx, env, s.place)
+}
+
+// lifecycleAt is the lifecycle of place, "host" or "container NAME": a recorded launch
+// is stopped where it runs, also when the plan moved the server. The server's own
+// place gets its endpoint; another place is only observed and stopped.
+func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) (*lifecycle.Lifecycle, error) {
+	h := s.host.WithDefaults()
+	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
+	if !inContainer {
+		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil
+	}
+	r := s.incusRunner(env, name)
+	c := r.Client
+	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
+	if place != s.place || s.Delete {
+		return lc, nil // observed and stopped only
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	inst, _, err := c.GetInstance(qctx, name)
+	if incus.IsNotFound(err) {
+		return nil, fmt.Errorf("container %s: %w", name, errNoInstance)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", name, resources.ReachErr(c, err))
+	}
+	if !inst.Running() {
+		return nil, fmt.Errorf("container %s is %s: the server runs inside it, so it must run (running = true on its container block, or incus start %s): %w",
+			name, strings.ToLower(inst.Status), name, lifecycle.ErrNotRunning)
+	}
+	if s.port > 0 && (s.ready.HTTP != "" || s.smoke != nil || s.enableMetrics) {
+		st, err := c.InstanceState(qctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", name, err)
+		}
+		ep, err := lifecycle.IncusEndpoint(inst, st, s.port)
+		if err != nil {
+			return lc, fmt.Errorf("%w: %w", errNoEndpoint, err)
+		}
+		r.Endpoints = map[int]string{s.port: ep}
+	}
+	return lc, nil
+}
+
+// hostPath is where the agent reads rec's log: through its place's lifecycle when
+// that is lc's, on the host for a host record; "" when it cannot be read.
+func hostPath(ctx context.Context, lc *lifecycle.Lifecycle, rec *serverRecord) string {
+	if rec.LogPath == "" {
+		return ""
+	}
+	if lc != nil && lc.Place.Name() == rec.Place {
+		p, err := lc.Place.HostPath(ctx, rec.LogPath)
+		if err != nil {
+			return ""
+		}
+		return p
+	}
+	if rec.Place == (lifecycle.Local{}).Name() || rec.Place == "" {
+		return rec.LogPath
+	}
+	return ""
+}
+
+// notReady probes readiness once; "" means ready. ready.http is the live probe; the
+// log line counts only when there is no HTTP probe (it says the server came up, not
+// that it still works).
+func (s *Server) notReady(ctx context.Context, lc *lifecycle.Lifecycle, rec *serverRecord) string {
+	if s.ready.HTTP != "" {
+		if err := lc.ProbeHTTP(ctx, s.port, s.ready.HTTP); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+	if s.ready.LogLine != "" && rec.LogPath != "" && rec.ReadyAt.IsZero() {
+		// A generation's log only grows: once its launch saw the line (ReadyAt), it is
+		// there for good, however much log follows it.
+		p := hostPath(ctx, lc, rec)
+		if p == "" {
+			return "log: " + rec.LogPath + " cannot be read in " + rec.Place
+		}
+		m, err := lifecycle.ScanLog(ctx, p)
+		if err != nil {
+			return "log: " + err.Error()
+		}
+		if !m.Ready && !logHas(ctx, p, s.ready.LogLine) {
+			return fmt.Sprintf("%q not in generation %d's log", s.ready.LogLine, rec.Generation)
+		}
+	}
+	return ""
+}
+
+// logHas reports whether a line of the file at path contains line, reading the whole
+// file (a launch the agent did not see get ready, such as an adopted one, has no
+// ReadyAt; the line may be far from the end).
+func logHas(ctx context.Context, path, line string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	const maxLine = 1 << 20
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), maxLine)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if len(data) >= maxLine || atEOF && len(data) > 0 {
+			return len(data), data, nil // the end, or a giant line in pieces
+		}
+		return 0, nil, nil
+	})
+	for sc.Scan() {
+		if ctx.Err() != nil {
+			return false
+		}
+		if strings.Contains(sc.Text(), line) {
+			return true
+		}
+	}
+	return false
+}
+
+// portHolder returns the process listening on the port that is not part of the
+// previous launch (whose leftovers the stop takes care of), or nil.
+func (s *Server) portHolder(ctx context.Context, procs lifecycle.Procs, prev *serverRecord) (*proc.Stat, error) {
+	pids, err := procs.PortOwners(ctx, s.port)
+	if err != nil {
+		return nil, fmt.Errorf("port %d: %w", s.port, err)
+	}
+	for _, pid := range pids {
+		st, err := procs.Stat(ctx, pid)
+		if err != nil || st.Dead() {
+			continue
+		}
+		if prev != nil {
+			mine, err := ours(ctx, procs, st, prev)
+			if err != nil {
+				return nil, fmt.Errorf("port %d is held by pid %d; whether it is generation %d's: %w", s.port, pid, prev.Generation, err)
+			}
+			if mine {
+				continue
+			}
+		}
+		return &st, nil
+	}
+	return nil, nil
+}
+
+// ours reports whether st belongs to the recorded launch: whether a stop of it would
+// stop st. The stop's rule (proc.Target.Members) is the only one, so that observation
+// and stop never disagree: a process called ours that the stop leaves alone would hold
+// the port through the relaunch, one called foreign that the stop would kill blocks the
+// launch with "port held" (internal/proc's TestMembersIsTheOneRule lists where an older
+// rule of its own differed).
+func ours(ctx context.Context, procs lifecycle.Procs, st proc.Stat, rec *serverRecord) (bool, error) {
+	members, err := procs.Members(ctx, rec.target(), nil)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(members, func(m proc.Stat) bool { return m.Identity() == st.Identity() }), nil
+}
+
+// matches reports whether a process the agent did not start runs exactly this server:
+// the same argv, the declared environment, and the declared workdir when one is set.
+// It returns the stat of its topmost ancestor with the same argv (the launcher).
+func (s *Server) matches(ctx context.Context, procs lifecycle.Procs, st *proc.Stat) bool {
+	want := s.argv()
+	argv, err := procs.Cmdline(ctx, st.PID)
+	if err != nil || !slices.Equal(argv, want) {
+		return false
+	}
+	// Climb to the launcher: SGLang's children keep the parent's argv.
+	for st.PPID > 1 {
+		parent, err := procs.Stat(ctx, st.PPID)
+		if err != nil || parent.Dead() {
+			break
+		}
+		pargv, err := procs.Cmdline(ctx, parent.PID)
+		if err != nil || !slices.Equal(pargv, want) {
+			break
+		}
+		*st = parent
+	}
+	if len(s.env) > 0 {
+		env, err := procs.Environ(ctx, st.PID)
+		if err != nil {
+			return false
+		}
+		for k, v := range s.env {
+			if !slices.Contains(env, k+"="+v) {
+				return false
+			}
+		}
+	}
+	if s.workdir != defaultWorkdir {
+		if cwd, err := procs.Cwd(ctx, st.PID); err != nil || cwd != s.workdir {
+			return false
+		}
+	}
+	return s.sameUser(ctx, procs, st.PID)
+}
+
+// foreignTarget stops a process the agent did not start: its group and session only
+// when it leads them.
+func foreignTarget(st proc.Stat) proc.Target {
+	t := proc.Target{Leader: st.Identity()}
+	if st.PGRP == st.PID {
+		t.PGID = st.PGRP
+	}
+	if st.Session == st.PID {
+		t.SID = st.Session
+	}
+	return t
+}
+
+func describeProc(ctx context.Context, procs lifecycle.Procs, pid int) string {
+	d := "pid " + strconv.Itoa(pid)
+	if argv, err := procs.Cmdline(ctx, pid); err == nil && len(argv) > 0 {
+		d += " " + strconv.Quote(strings.Join(argv, " "))
+	}
+	if _, uid, err := procs.UIDs(ctx, pid); err == nil {
+		d += " (uid " + strconv.FormatUint(uint64(uid), 10) + ")"
+	}
+	return d
+}
+
+func procStart(ctx context.Context, procs lifecycle.Procs, ticks uint64) (time.Time, error) {
+	boot, err := procs.BootTime(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return proc.StartTime(boot, ticks), nil
+}
+
+// recoverPending settles a launch recorded as pending by an agent that stopped before
+// recording its process: the live session leader that carries the pending marker (the
+// lifecycle starts every server as one) becomes the record, as launched; with none,
+// the intent is void. It returns whether a record remains, and the record update that
+// says so (the engine keeps it: an observation writes nothing).
+func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+	p := *rec.Pending
+	if settled, found, err := s.recoverPendingRemote(env, rec); settled || err != nil {
+		return rec.PID > 0, found, err
+	}
+	all, err := s.host.Proc.All()
+	if err != nil {
+		return false, nil, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
+	}
+	for _, st := range all {
+		if st.Dead() || st.PID != st.Session {
+			continue
+		}
+		if envv, err := s.host.Proc.Environ(st.PID); err != nil || !slices.Contains(envv, p.Marker) {
+			continue
+		}
+		p.PID, p.StartTicks, p.PGID, p.SID = st.PID, st.StartTicks, st.PGRP, st.Session
+		if boot, err := s.host.Proc.BootTime(); err == nil {
+			p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
+		}
+		*rec = p
+		return true, pendingFound(rec, ""), nil
+	}
+	return voidPending(rec)
+}
+
+// pendingFound is the record update of a pending launch found running (in container,
+// "" on the host).
+func pendingFound(rec *serverRecord, container string) *agent.RecordUpdate {
+	where := ""
+	if container != "" {
+		where = " in container " + container
+	}
+	return agent.SaveRecord(rec, fmt.Sprintf("adopting the launch of generation %d (pid %d%s), which an agent that stopped before recording it left pending",
+		rec.Generation, rec.PID, where))
+}
+
+// voidPending forgets a pending launch whose process was not found: the record as it
+// was before it, or none. It returns whether a record remains.
+func voidPending(rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+	why := fmt.Sprintf("the pending launch of generation %d never started", rec.Pending.Generation)
+	rec.Pending = nil
+	if rec.PID == 0 {
+		return false, agent.DeleteRecord(why), nil
+	}
+	return true, agent.SaveRecord(rec, why), nil
+}
