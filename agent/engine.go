@@ -70,6 +70,9 @@ type Options struct {
 	// a process (the reconcile loop's, one per plan reload) so that they count the same
 	// disruptions. Nil: the engine makes its own when the plan has rollout groups.
 	Rollouts *Rollouts
+	// Memory is what the kinds remember between steps (Env.Memory), shared by every
+	// engine of a process that runs the loop. Nil: the engine makes its own.
+	Memory *Memory
 	// StepContext, when set, derives the context of each guarded step of a resource
 	// (observe, apply, status) from the run's: how a caller hears, per address, of what a
 	// step reports through its context (a long stop's progress) without the engine
@@ -172,6 +175,9 @@ func New(p *plans.Plan, kinds []Kind, store *state.Store, opts Options) (*Engine
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = DefaultStepTimeout
 	}
+	if opts.Memory == nil {
+		opts.Memory = NewMemory()
+	}
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -228,7 +234,7 @@ func (e *Engine) Order() []string {
 
 // env is what addr's Apply, Finish, Status and Watch get: its own record, writable.
 func (e *Engine) env(addr string) *Env {
-	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, Loop: e.opts.Loop, OnProgress: e.opts.Progress}
+	return &Env{Addr: addr, State: e.stateFor(addr), Log: e.log.With("resource", addr), Plan: e.plan, Now: time.Now, Probe: e.opts.Probe, Loop: e.opts.Loop, OnProgress: e.opts.Progress, Memory: e.opts.Memory}
 }
 
 // observeEnv is what addr's Check gets: its own record, read-only. What the observation

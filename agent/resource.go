@@ -57,6 +57,9 @@ type Env struct {
 	// OnProgress receives what the resource reports through Progress, with Addr set
 	// (the engine passes Options.Progress; nil: nobody listens).
 	OnProgress func(Progress)
+	// Memory is what the kinds remember between steps in this process (Options.Memory):
+	// never a judgement's only record where the state holds one.
+	Memory *Memory
 }
 
 // Kind is a resource type: its name in plans, its configuration schema, and how to bind a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -43,27 +42,28 @@ func WatchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance 
 		if err != nil {
 			continue
 		}
-		was, reported := memberSeen.Load(key)
+		was, reported := env.Memory.Load(key)
 		switch {
 		case m.Online() && reported:
-			memberSeen.Delete(key)
+			env.Memory.Delete(key)
 			env.Log.Info("the instance's cluster member is online again; observing it now", "instance", instance, "member", member, "was", was)
 			return nil
 		case !m.Online() && was != m.Status:
-			memberSeen.Store(key, m.Status)
+			env.Memory.Store(key, m.Status)
 			env.Log.Info("the instance's cluster member is not online; observing it now", "instance", instance, "member", member, "state", m.Describe())
 			return nil
 		}
 	}
 }
 
-// memberSeen holds, per Incus socket and instance (seenKey), the status of the member
-// holding it that a watch last reported down: the watches of one resource come and go
-// (one per reconcile, and a new engine at each plan reload), what they reported must
-// outlive them. An observation that finds the member online forgets it.
-var memberSeen sync.Map
-
-func seenKey(c *incus.Client, instance string) string { return c.Socket() + "\x00" + instance }
+// seenKey names, in the loop's memory (agent.Memory), the status of the member holding
+// instance that a watch last reported down, per Incus socket and instance: the watches
+// of one resource come and go (one per reconcile, and a new engine at each plan reload),
+// what they reported must outlive them. An observation that finds the member online
+// forgets it.
+func seenKey(c *incus.Client, instance string) string {
+	return "incus member seen " + c.Socket() + "\x00" + instance
+}
 
 // memberState is the member as the cluster reports it, under a short deadline of its own
 // (the member the agent talks to may itself be the one that hangs).
@@ -79,12 +79,12 @@ func memberState(ctx context.Context, c *incus.Client, member string) (*incus.Cl
 // from any member, while a read of the instance is forwarded to its member, and one
 // whose incusd hangs never answers it (issue 27: a status that waited for the step's
 // whole timeout).
-func DownMember(ctx context.Context, c *incus.Client, instance string) (string, error) {
+func DownMember(ctx context.Context, seen *agent.Memory, c *incus.Client, instance string) (string, error) {
 	member, err := c.InstanceMember(ctx, instance)
 	if err != nil || member == "" || member == "none" {
 		return "", nil
 	}
-	if err := MemberOnline(ctx, c, member, instance); err != nil {
+	if err := MemberOnline(ctx, seen, c, member, instance); err != nil {
 		return member, err
 	}
 	return "", nil
@@ -115,9 +115,9 @@ func InstanceMember(inst *incus.Instance) string {
 }
 
 // MemberOnline returns an error naming the member and what the cluster says about it
-// when it is not online: its instances can be neither observed nor changed (the cluster
+// when it is not online (and, when it is, forgets in seen what a watch reported of it): its instances can be neither observed nor changed (the cluster
 // answers an offline member's instance from its database, as stopped).
-func MemberOnline(ctx context.Context, c *incus.Client, member, instance string) error {
+func MemberOnline(ctx context.Context, seen *agent.Memory, c *incus.Client, member, instance string) error {
 	m, err := c.ClusterMember(ctx, member)
 	if err != nil {
 		return ReachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
@@ -125,7 +125,7 @@ func MemberOnline(ctx context.Context, c *incus.Client, member, instance string)
 	if !m.Online() {
 		return MemberDownErr(m, instance)
 	}
-	memberSeen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
+	seen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
 	return nil
 }
 

@@ -126,6 +126,10 @@ type Daemon struct {
 	// observing: a live observation of the resources in flight runs (inflight.go).
 	observing atomic.Bool
 
+	// memory is what the kinds remember between steps, across the engines of plan
+	// reloads (agent.Memory).
+	memory *agent.Memory
+
 	mu       sync.Mutex
 	plan     *plans.Plan
 	planHash [32]byte
@@ -213,7 +217,10 @@ func (rs *resState) stopWatch() {
 // Run runs the loop until ctx ends or SIGTERM/SIGINT arrives. It fails at once when the
 // first plan is invalid (there is no last good plan to keep).
 func Run(ctx context.Context, cfg Config) error {
-	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue()}
+	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue(), memory: cfg.Engine.Memory}
+	if d.memory == nil {
+		d.memory = agent.NewMemory()
+	}
 	d.metrics = newMetrics(d)
 	d.progress.Every = cfg.ProgressEvery
 	if d.log == nil {

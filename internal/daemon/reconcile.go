@@ -86,6 +86,7 @@ func (d *Daemon) engineOptions() agent.Options {
 	opts := d.cfg.Engine
 	opts.Log = d.log
 	opts.Hold = d.hold
+	opts.Memory = d.memory
 	if opts.Progress == nil {
 		opts.Progress = d.logProgress
 	}

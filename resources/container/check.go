@@ -66,7 +66,7 @@ func (k *Container) Check(ctx context.Context, env *agent.Env) (*agent.Diff, err
 // and what Apply needs to det.
 func (k *Container) observe(ctx context.Context, env *agent.Env, rec Record) (*agent.Diff, error) {
 	c := k.client(env)
-	inst, _, err := getInstance(ctx, c, k.name)
+	inst, _, err := getInstance(ctx, env.Memory, c, k.name)
 	if incus.IsNotFound(err) {
 		return k.createDiff(ctx, c)
 	}
@@ -74,12 +74,12 @@ func (k *Container) observe(ctx context.Context, env *agent.Env, rec Record) (*a
 		return nil, err
 	}
 	if member := resources.InstanceMember(inst); member != "" && k.target != "" && member != k.target {
-		if err := resources.MemberOnline(ctx, c, member, k.name); err != nil {
+		if err := resources.MemberOnline(ctx, env.Memory, c, member, k.name); err != nil {
 			return nil, err
 		}
 		return k.migrateDiff(ctx, c, env, inst, rec)
 	}
-	if err := k.placement(ctx, c, inst); err != nil {
+	if err := k.placement(ctx, env.Memory, c, inst); err != nil {
 		return nil, err
 	}
 	uuid := inst.Config["volatile.uuid"]

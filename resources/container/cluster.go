@@ -24,12 +24,12 @@ import (
 // placement checks the member that holds an existing instance: online, and the GPUs its
 // gpu devices select. An instance on a lone
 // (unclustered) daemon has no member.
-func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.Instance) error {
+func (k *Container) placement(ctx context.Context, seen *agent.Memory, c *incus.Client, inst *incus.Instance) error {
 	member := resources.InstanceMember(inst)
 	if member == "" {
 		return nil
 	}
-	if err := resources.MemberOnline(ctx, c, member, k.name); err != nil {
+	if err := resources.MemberOnline(ctx, seen, c, member, k.name); err != nil {
 		return err
 	}
 	// A member other than the target is a migration (container_migrate.go), decided
@@ -47,14 +47,14 @@ func (k *Container) placement(ctx context.Context, c *incus.Client, inst *incus.
 // that began while m2 still read Online held the container's reconcile for 30 s).
 // member is set when err is the member's being down; a missing instance is err as
 // Incus gives it (incus.IsNotFound).
-func getInstance(ctx context.Context, c *incus.Client, name string) (inst *incus.Instance, member string, err error) {
+func getInstance(ctx context.Context, seen *agent.Memory, c *incus.Client, name string) (inst *incus.Instance, member string, err error) {
 	read := func(ctx context.Context) (err error) {
 		inst, _, err = c.GetInstance(ctx, name)
 		return err
 	}
 	if member, _ = c.InstanceMember(ctx, name); member == "" || member == "none" {
 		member, err = "", read(ctx) // not on a cluster, or the cluster cannot say
-	} else if err = resources.MemberOnline(ctx, c, member, name); err != nil {
+	} else if err = resources.MemberOnline(ctx, seen, c, member, name); err != nil {
 		return nil, member, err // down (agent.Unavailable), or the cluster did not answer
 	} else {
 		err = c.WhileOnline(ctx, member, read)
@@ -70,7 +70,7 @@ func getInstance(ctx context.Context, c *incus.Client, name string) (inst *incus
 	case agent.IsUnavailable(err):
 		return nil, member, err
 	}
-	if down, oerr := offlineMember(ctx, c, name, err); oerr != nil {
+	if down, oerr := offlineMember(ctx, seen, c, name, err); oerr != nil {
 		return nil, down, oerr
 	}
 	return nil, "", resources.ReachErr(c, err)
@@ -162,7 +162,7 @@ func (k *Container) checkMemberGPUs(ctx context.Context, c *incus.Client, member
 // online: the cluster cannot forward to it and answers a 500 ("Server isn't ready yet").
 // It returns the member and the explanation, or "" and nil when the failure is something
 // else (the caller reports that as it is).
-func offlineMember(ctx context.Context, c *incus.Client, instance string, readErr error) (string, error) {
+func offlineMember(ctx context.Context, seen *agent.Memory, c *incus.Client, instance string, readErr error) (string, error) {
 	var ie *incus.Error
 	if !errors.As(readErr, &ie) || ie.Status < 500 {
 		return "", nil
@@ -171,7 +171,7 @@ func offlineMember(ctx context.Context, c *incus.Client, instance string, readEr
 	if err != nil || member == "" || member == "none" {
 		return "", nil
 	}
-	if err := resources.MemberOnline(ctx, c, member, instance); err != nil {
+	if err := resources.MemberOnline(ctx, seen, c, member, instance); err != nil {
 		return member, fmt.Errorf("%w (reading it: %v)", err, readErr)
 	}
 	return "", nil

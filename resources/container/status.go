@@ -21,7 +21,7 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 		return nil, err
 	}
 	c := k.client(env)
-	inst, member, err := getInstance(ctx, c, k.name)
+	inst, member, err := getInstance(ctx, env.Memory, c, k.name)
 	if incus.IsNotFound(err) {
 		return &agent.Status{Healthy: false, Summary: "instance " + k.name + " does not exist"}, nil
 	}
@@ -34,7 +34,7 @@ func (k *Container) Status(ctx context.Context, env *agent.Env) (*agent.Status, 
 	st := &agent.Status{Fields: []agent.Field{agent.TextField("status", "status", inst.Status)}}
 	if member := resources.InstanceMember(inst); member != "" {
 		st.Fields = append(st.Fields, agent.TextField(agent.MemberField, "member", member))
-		if err := resources.MemberOnline(ctx, c, member, k.name); err != nil {
+		if err := resources.MemberOnline(ctx, env.Memory, c, member, k.name); err != nil {
 			st.Fields[0] = agent.TextField("status", "status", "unknown") // the cluster's database answers for an offline member
 			st.Summary = err.Error()
 			return st, nil

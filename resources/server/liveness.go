@@ -94,13 +94,6 @@ func describeLiveness(c lifecycle.Liveness) string {
 // others are debug lines.
 const livenessWarnEvery = 5 * time.Minute
 
-// livenessBook holds the liveness judgement of each watched server in memory, by state
-// directory and address. The watch (a hint, which only `agent run` runs) feeds it and
-// Check reads it. It outlives one watch, which every reconcile restarts, so that probes
-// keep their pace and those in flight are still judged. It is not persisted: a verdict
-// is about one running process, and an agent that restarts judges afresh.
-var livenessBook sync.Map // string → *serverLiveness
-
 // serverLiveness is one server's judgement: of one generation (its process identity; a
 // relaunch starts over).
 type serverLiveness struct {
@@ -119,12 +112,19 @@ type serverLiveness struct {
 	wedged   chan struct{} // closed once the verdict is Wedged
 }
 
-// livenessKey names env's server in the book: its state directory and address.
-func livenessKey(env *agent.Env) string { return env.State.Dir() + "\x00" + env.Addr }
+// livenessKey names env's server's liveness judgement in the loop's memory
+// (agent.Memory), by state directory and address. The watch (a hint, which only `agent
+// run` runs) feeds it and Check reads it. It outlives one watch, which every reconcile
+// restarts, so that probes keep their pace and those in flight are still judged. It is
+// not persisted: a verdict is about one running process, and an agent that restarts
+// judges afresh.
+func livenessKey(env *agent.Env) string {
+	return "server liveness " + env.State.Dir() + "\x00" + env.Addr
+}
 
 // livenessOf is the judgement of env's server, made on first use.
 func livenessOf(env *agent.Env) *serverLiveness {
-	l, _ := livenessBook.LoadOrStore(livenessKey(env), &serverLiveness{})
+	l, _ := env.Memory.LoadOrStore(livenessKey(env), &serverLiveness{})
 	return l.(*serverLiveness)
 }
 
@@ -144,7 +144,7 @@ func livenessVerdict(env *agent.Env, rec *serverRecord) (now livenessNow, ok boo
 	if env.State == nil {
 		return now, false
 	}
-	x, found := livenessBook.Load(livenessKey(env))
+	x, found := env.Memory.Load(livenessKey(env))
 	if !found {
 		return now, false
 	}

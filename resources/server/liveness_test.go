@@ -27,7 +27,7 @@ var livePlan = strings.Replace(srvPlan, "  revert   = var.revert\n", `  revert  
 func (h *srvHarness) liveEngine(plan string, vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return restest.Engine(h.t, h.dir, plan, kindsFor(resources.Machine{}), h.store, agent.Options{}, vars...)
+	return restest.Engine(h.t, h.dir, plan, kindsFor(resources.Machine{}), h.store, agent.Options{Memory: h.mem}, vars...)
 }
 
 // watch runs the server's watch, as `agent run` does, until it returns; the channel

@@ -93,7 +93,7 @@ func (s *Server) memberDown(ctx context.Context, env *agent.Env, places ...strin
 		if !ok || slices.Contains(places[:i], place) {
 			continue
 		}
-		if member, err := resources.DownMember(ctx, s.incusRunner(env, name).Client, name); err != nil {
+		if member, err := resources.DownMember(ctx, env.Memory, s.incusRunner(env, name).Client, name); err != nil {
 			return member, err
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -139,11 +138,6 @@ func markRejected(changes []agent.Change, r *rejectedChange, loop bool) {
 	}
 }
 
-// heldLogged remembers, per agent process, which rejected changes the loop already said
-// it holds (address and rejected generation): the reason is logged once, not at every
-// pass.
-var heldLogged sync.Map
-
 // holdRejected is the loop's verdict on a server whose plan asks again for a change that
 // was rejected and rolled back: nothing is launched. A verified rolled-back generation is
 // converged as far as the loop goes (it serves; its dependents go on; a rollout counts it
@@ -156,7 +150,7 @@ func (s *Server) holdRejected(env *agent.Env, rec *serverRecord, r *rejectedChan
 	}
 	why := fmt.Sprintf("the plan's change was rejected at %s: generation %d failed (%s); generation %d serves generation %d's command line, rolled back. `agent run` does not launch that change again until the plan changes it; `agent apply` tries it once more",
 		agent.HumanTime(r.At), r.Generation, r.Quote, rec.Generation, rolledBackOf(rec, r))
-	if _, said := heldLogged.LoadOrStore(heldKey(env.Addr, r), true); !said {
+	if _, said := env.Memory.LoadOrStore(heldKey(env.Addr, r), true); !said {
 		env.Log.Warn("not launching the plan's change: it was rejected and rolled back", "why", why)
 	}
 	d := agent.NoChange()
@@ -164,8 +158,11 @@ func (s *Server) holdRejected(env *agent.Env, rec *serverRecord, r *rejectedChan
 	return d, nil
 }
 
+// heldKey names, in the loop's memory (agent.Memory), a rejected change the loop already
+// said it holds (address and rejected generation): the reason is logged once, not at
+// every pass.
 func heldKey(addr string, r *rejectedChange) string {
-	return fmt.Sprintf("%s#%d@%d", addr, r.Generation, r.At.UnixNano())
+	return fmt.Sprintf("server held %s#%d@%d", addr, r.Generation, r.At.UnixNano())
 }
 
 // rolledBackOf is the generation whose command line rec runs again.
@@ -360,7 +357,7 @@ func (s *Server) revert(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 		return fmt.Errorf("%s; rolled back to generation %d's command line, verified, serving as generation %d, but the record could not be saved: %w", head, good.Generation, rec.Generation, err)
 	}
 	env.Log.Warn("rolled back", "generation", rec.Generation, "pid", rec.PID, "command_line_of", good.Generation, "rejected", failed.Generation)
-	heldLogged.Store(heldKey(env.Addr, rej), true) // this error says why; the loop's hold need not
+	env.Memory.Store(heldKey(env.Addr, rej), true) // this error says why; the loop's hold need not
 	return (&revertedError{msg: fmt.Sprintf("%s; rolled back to generation %d's command line, verified, serving (generation %d, pid %d)",
 		head, good.Generation, rec.Generation, rec.PID)})
 }

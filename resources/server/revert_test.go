@@ -31,6 +31,9 @@ func newRevertHarness(t *testing.T) *revertHarness {
 func (h *revertHarness) engine(opts agent.Options, vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + h.fake, "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
+	if opts.Memory == nil {
+		opts.Memory = h.mem
+	}
 	return restest.Engine(h.t, h.dir, srvPlan, kindsFor(resources.Machine{}), h.store, opts, vars...)
 }
 

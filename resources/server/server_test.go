@@ -94,11 +94,14 @@ type srvState struct {
 	t     *testing.T
 	dir   string
 	store *state.Store
+	// mem is what the kinds remember between steps, shared by the harness's engines as
+	// by the engines of one `agent run` (agent.Memory).
+	mem *agent.Memory
 }
 
 func newSrvState(t *testing.T) srvState {
 	t.Helper()
-	h := srvState{t: t, dir: t.TempDir()}
+	h := srvState{t: t, dir: t.TempDir(), mem: agent.NewMemory()}
 	testbin.NoLeaks(t, h.dir) // registered first: it judges what h.kill leaves
 	var err error
 	if h.store, err = state.Open(filepath.Join(h.dir, "state")); err != nil {
@@ -142,7 +145,7 @@ func (h *srvHarness) logs() string { return filepath.Join(h.dir, "logs") }
 func (h *srvHarness) engine(vars ...string) *agent.Engine {
 	h.t.Helper()
 	vars = append([]string{"fake=" + fakeSGLang(h.t), "logs=" + h.logs(), "port=" + strconv.Itoa(h.port)}, vars...)
-	return restest.Engine(h.t, h.dir, srvPlan, kindsFor(resources.Machine{}), h.store, agent.Options{}, vars...)
+	return restest.Engine(h.t, h.dir, srvPlan, kindsFor(resources.Machine{}), h.store, agent.Options{Memory: h.mem}, vars...)
 }
 
 func (h *srvHarness) plan(vars ...string) *agent.Step {

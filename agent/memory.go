@@ -1,0 +1,46 @@
+package agent
+
+import "sync"
+
+// Memory is what the kinds remember between steps while one agent runs, and never on
+// disk: the judgements their watches keep (a server's liveness) and what was already
+// said (a rejected change the loop holds, a cluster member reported down), so that the
+// loop says each once. Whoever runs the loop owns it: the daemon keeps one across the
+// engines of its plan reloads (Options.Memory), and an engine given none makes its own.
+// Every step gets it as Env.Memory, so two engines share none of it unless given the
+// same Memory. Keys are the kind's own ("server liveness …"); a nil Memory remembers
+// nothing.
+type Memory struct{ m sync.Map }
+
+// NewMemory is an empty Memory.
+func NewMemory() *Memory { return new(Memory) }
+
+// Load is what key holds, and whether it holds anything.
+func (m *Memory) Load(key string) (any, bool) {
+	if m == nil {
+		return nil, false
+	}
+	return m.m.Load(key)
+}
+
+// Store makes key hold v.
+func (m *Memory) Store(key string, v any) {
+	if m != nil {
+		m.m.Store(key, v)
+	}
+}
+
+// LoadOrStore is what key holds (loaded: true), or v, which key then holds.
+func (m *Memory) LoadOrStore(key string, v any) (actual any, loaded bool) {
+	if m == nil {
+		return v, false
+	}
+	return m.m.LoadOrStore(key, v)
+}
+
+// Delete forgets key.
+func (m *Memory) Delete(key string) {
+	if m != nil {
+		m.m.Delete(key)
+	}
+}
