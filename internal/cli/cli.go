@@ -289,19 +289,47 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		}
 		return ExitOK
 	}
+	inv := &invocation{cmd: cmd, o: o, planArg: pos[0], p: p, kinds: kinds, saved: saved,
+		red: red, log: log, human: human, stdout: stdout, stderr: stderr}
+	return inv.execute(ctx)
+}
 
-	fail := func(err error) int {
-		msg := red.String(err.Error())
-		if o.json {
-			view.WriteJSON(stdout, view.ErrorJSON(cmd, msg))
-		} else {
-			fmt.Fprintf(stderr, "agent %s: %s\n", cmd, msg)
-		}
-		return ExitError
+// invocation is one plan, apply, destroy or status of a valid plan: what run gathered
+// from the command line and the plan, for the engine's run.
+type invocation struct {
+	cmd     string
+	o       options
+	planArg string // the PLAN argument as given (a saved plan's file for apply FILE)
+	p       *plans.Plan
+	kinds   []agent.Kind
+	saved   *savedplan.File // apply FILE: the saved plan
+	red     *view.Redactor
+	log     *slog.Logger
+	human   *view.View
+	stdout  io.Writer
+	stderr  io.Writer
+
+	store *state.Store
+	key   []byte // the digests' key of a saved plan
+}
+
+// fail reports err, redacted, as the command's error.
+func (inv *invocation) fail(err error) int {
+	msg := inv.red.String(err.Error())
+	if inv.o.json {
+		view.WriteJSON(inv.stdout, view.ErrorJSON(inv.cmd, msg))
+	} else {
+		fmt.Fprintf(inv.stderr, "agent %s: %s\n", inv.cmd, msg)
 	}
+	return ExitError
+}
 
+// execute opens the state, builds the engine, takes the lock (but for status) and runs
+// the command.
+func (inv *invocation) execute(ctx context.Context) int {
+	cmd, o, p := inv.cmd, inv.o, inv.p
 	if cmd == "status" && o.fleet {
-		return fleetStatus(ctx, p, o.json, stdout, stderr, red)
+		return fleetStatus(ctx, p, o.json, inv.stdout, inv.stderr, inv.red)
 	}
 	dir := o.stateDir
 	if dir == "" {
@@ -309,35 +337,35 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	}
 	store, err := state.Open(dir)
 	if err != nil {
-		return fail(err)
+		return inv.fail(err)
 	}
+	inv.store = store
 	var rollouts *agent.Rollouts
 	if cmd == "apply" {
-		r, leave, err := fleetRollouts(p, store, log)
+		r, leave, err := fleetRollouts(p, store, inv.log)
 		if err != nil {
-			return fail(err)
+			return inv.fail(err)
 		}
 		defer leave()
 		rollouts = r
 	}
-	if drawsBars(stdout, stderr, os.Getenv) {
-		human.Term = stderr
+	if drawsBars(inv.stdout, inv.stderr, os.Getenv) {
+		inv.human.Term = inv.stderr
 	}
 	var progress func(agent.Progress)
 	if !o.json {
-		progress = human.WorkProgress
+		progress = inv.human.WorkProgress
 	}
-	var key []byte // the digests' key of a saved plan
-	if saved != nil || o.out != "" {
-		if key, err = store.PlanKey(); err != nil {
-			return fail(err)
+	if inv.saved != nil || o.out != "" {
+		if inv.key, err = store.PlanKey(); err != nil {
+			return inv.fail(err)
 		}
 	}
-	eng, err := agent.New(p, kinds, store, agent.Options{
+	eng, err := agent.New(p, inv.kinds, store, agent.Options{
 		Progress:      progress,
 		Parallelism:   o.parallelism,
 		Targets:       o.targets,
-		Log:           log,
+		Log:           inv.log,
 		HostOverride:  o.hostOverride,
 		NoDestructive: o.noDestructive,
 		// What left the plan leaves the host: plan shows it, apply deletes it (agent run
@@ -345,99 +373,118 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		Orphans:        agent.OrphansDelete,
 		AllowDeleteAll: o.allowDelAll,
 		Probe:          o.smoke,
-		StepContext:    stopProgress(cmd, o.json, human),
+		StepContext:    stopProgress(cmd, o.json, inv.human),
 		Rollouts:       rollouts,
-		FingerprintKey: key,
+		FingerprintKey: inv.key,
 	})
 	if err != nil {
-		return fail(err)
+		return inv.fail(err)
 	}
 	if cmd != "status" {
-		lock, err := acquireLock(ctx, store, o, cmd, pos[0])
+		lock, err := acquireLock(ctx, store, o, cmd, inv.planArg)
 		if err != nil {
-			return fail(err)
+			return inv.fail(err)
 		}
 		defer lock.Release()
 	}
 
 	switch cmd {
 	case "plan":
-		rep := eng.Plan(ctx)
-		doc := view.JSON(cmd, rep, red)
-		var text bytes.Buffer
-		(&view.View{W: &text, Redact: red}).Plan(rep)
-		if o.json {
-			view.WriteJSON(stdout, doc)
-		} else {
-			stdout.Write(text.Bytes())
-		}
-		if o.out != "" {
-			f, err := savePlan(rep, p, pos[0], o, store, key, text.String(), doc)
-			if err != nil {
-				fmt.Fprintf(stderr, "agent plan: %s\n", red.String(err.Error()))
-				return ExitError
-			}
-			if !o.json {
-				fmt.Fprintf(stdout, "\nSaved this plan to %s (0600). Review it with `agent show %s`; apply exactly it with `agent apply %s`.\n", o.out, o.out, o.out)
-			}
-			log.Info("plan saved", "file", o.out, "id", f.ID)
-		}
-		switch {
-		case rep.Failed():
-			return ExitError
-		case rep.Changes():
-			return ExitChanges
-		}
-		return ExitOK
+		return inv.plan(ctx, eng)
 	case "apply":
-		var onEvent func(agent.Event)
-		if !o.json {
-			onEvent = human.ApplyEvent
-		}
-		var rep *agent.Report
-		if saved != nil {
-			if rep, err = applySaved(ctx, eng, saved, pos[0], p, o, store, key, human); rep == nil {
-				return fail(err)
-			} else if err != nil {
-				// Applied, but its outcome could not be recorded: the id was, as started.
-				log.Error("record the saved plan's outcome", "err", err)
-			}
-		} else {
-			rep = eng.Apply(ctx, onEvent)
-		}
-		if o.json {
-			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
-		} else {
-			human.ApplySummary(rep)
-		}
-		if rep.Failed() {
-			return ExitError
-		}
-		return ExitOK
+		return inv.apply(ctx, eng)
 	case "destroy":
-		return destroy(ctx, eng, red, human, o.json, stdout)
+		return destroy(ctx, eng, inv.red, inv.human, o.json, inv.stdout)
 	case "status":
-		// --smoke probes now, here: the daemon's status is its last cheap observation.
-		if !o.smoke {
-			if code, ok := statusFromDaemon(p, store.Dir(), o.json, stdout, red); ok {
-				return code
-			}
-		}
-		rep := eng.Status(ctx)
-		if o.json {
-			view.WriteJSON(stdout, view.JSON(cmd, rep, red))
-		} else {
-			human.Status(rep)
-		}
-		if rep.Failed() {
-			return ExitError
-		}
-		if rep.Degraded() {
-			return ExitDegraded
-		}
-		return ExitOK
+		return inv.status(ctx, eng)
 	}
 	return ExitError
+}
+
+// show writes rep as the command's --json document, or for people through human.
+func (inv *invocation) show(rep *agent.Report, human func(*agent.Report)) {
+	if inv.o.json {
+		view.WriteJSON(inv.stdout, view.JSON(inv.cmd, rep, inv.red))
+	} else {
+		human(rep)
+	}
+}
+
+// plan shows the plan, and saves it with -out.
+func (inv *invocation) plan(ctx context.Context, eng *agent.Engine) int {
+	cmd, o, red := inv.cmd, inv.o, inv.red
+	rep := eng.Plan(ctx)
+	doc := view.JSON(cmd, rep, red)
+	var text bytes.Buffer
+	(&view.View{W: &text, Redact: red}).Plan(rep)
+	if o.json {
+		view.WriteJSON(inv.stdout, doc)
+	} else {
+		inv.stdout.Write(text.Bytes())
+	}
+	if o.out != "" {
+		f, err := savePlan(rep, inv.p, inv.planArg, o, inv.store, inv.key, text.String(), doc)
+		if err != nil {
+			fmt.Fprintf(inv.stderr, "agent plan: %s\n", red.String(err.Error()))
+			return ExitError
+		}
+		if !o.json {
+			fmt.Fprintf(inv.stdout, "\nSaved this plan to %s (0600). Review it with `agent show %s`; apply exactly it with `agent apply %s`.\n", o.out, o.out, o.out)
+		}
+		inv.log.Info("plan saved", "file", o.out, "id", f.ID)
+	}
+	switch {
+	case rep.Failed():
+		return ExitError
+	case rep.Changes():
+		return ExitChanges
+	}
+	return ExitOK
+}
+
+// apply applies the plan, or the saved plan of apply FILE.
+func (inv *invocation) apply(ctx context.Context, eng *agent.Engine) int {
+	var onEvent func(agent.Event)
+	if !inv.o.json {
+		onEvent = inv.human.ApplyEvent
+	}
+	var rep *agent.Report
+	if inv.saved != nil {
+		var err error
+		if rep, err = applySaved(ctx, eng, inv.saved, inv.planArg, inv.p, inv.o, inv.store, inv.key, inv.human); rep == nil {
+			return inv.fail(err)
+		} else if err != nil {
+			// Applied, but its outcome could not be recorded: the id was, as started.
+			inv.log.Error("record the saved plan's outcome", "err", err)
+		}
+	} else {
+		rep = eng.Apply(ctx, onEvent)
+	}
+	inv.show(rep, inv.human.ApplySummary)
+	if rep.Failed() {
+		return ExitError
+	}
+	return ExitOK
+}
+
+// status shows the running daemon's last observation, or observes now (--smoke, or no
+// daemon).
+func (inv *invocation) status(ctx context.Context, eng *agent.Engine) int {
+	// --smoke probes now, here: the daemon's status is its last cheap observation.
+	if !inv.o.smoke {
+		if code, ok := statusFromDaemon(inv.p, inv.store.Dir(), inv.o.json, inv.stdout, inv.red); ok {
+			return code
+		}
+	}
+	rep := eng.Status(ctx)
+	inv.show(rep, inv.human.Status)
+	if rep.Failed() {
+		return ExitError
+	}
+	if rep.Degraded() {
+		return ExitDegraded
+	}
+	return ExitOK
 }
 
 // loadPlan loads and binds a plan: everything `agent validate` checks.

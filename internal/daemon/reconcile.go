@@ -362,112 +362,12 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 	failing := rs.step != nil && rs.step.Err != nil // its last reconcile failed
 	rs.step, rs.done, rs.gen = st, now, gen
 	next := d.resync()
-	stable := orDefault(d.cfg.Stable, DefaultStable)
 	if st.Err == nil {
-		if st.Applied {
-			rs.repairs++
-			took := now.Sub(rs.downSince)
-			d.metrics.repairs.WithLabelValues(addr, kindOf(addr)).Inc()
-			d.metrics.repairTime.WithLabelValues(addr, kindOf(addr)).Observe(took.Seconds())
-			d.log.Info("converged", "resource", addr, "action", string(st.Diff.Action), "time_to_repair", took.Round(time.Millisecond).String())
-			if !rs.verified.IsZero() && start.Sub(rs.verified) < stable && died(st.Diff) {
-				// It was verified moments ago and had to be repaired already: a crash
-				// loop, whose next repair waits its backoff. Each generation's quote
-				// (the Check's warnings name its log's failure) goes to the history.
-				rs.failures++
-				rs.until = now.Add(d.backoff(rs.failures))
-				after := start.Sub(rs.verified)
-				if rs.lastFire.After(rs.verified) {
-					after = rs.lastFire.Sub(rs.verified) // when its watch saw it go
-				}
-				d.addFailure(rs, now, fmt.Sprintf("%s: needed a %s %s after it was verified%s", addr, st.Diff.Action,
-					after.Round(100*time.Millisecond), warnings(st.Diff)))
-				d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
-				d.log.Warn("crash loop: repaired again soon after it was verified; its next repair waits", "resource", addr,
-					"verified_for", after.Round(100*time.Millisecond).String(), "failures", rs.failures,
-					"wait", time.Until(rs.until).Round(time.Millisecond).String())
-			}
-		}
-		if failing && !st.Applied {
-			// What failed cleared without a change (a cluster member back, a host
-			// that has room again): said once, so that the log does not end at the failure.
-			d.log.Info("converged again: its last failure cleared without a change", "resource", addr)
-		}
-		if st.Applied || rs.verified.IsZero() {
-			rs.verified = now // a new generation: its stable period starts
-		}
-		if now.Sub(rs.verified) >= stable {
-			if rs.failures > 0 {
-				d.log.Debug("stable: the failure count and backoff reset", "resource", addr, "failures", rs.failures)
-			}
-			rs.failures = 0
-		}
-		if !st.Applied || rs.until.Before(now) {
-			rs.until = time.Time{}
-		}
-		rs.converged, rs.terminal, rs.holdSeen, rs.downSince = true, false, "", time.Time{}
-		if st.Applied || !was {
-			eng.Record(st) // its dependencies, for ordering it as an orphan one day
-		}
-		if !was || st.Applied {
-			for _, dep := range d.shape.dependents[addr] {
-				d.queue.Add(dep)
-			}
-			// What it depends on may have break work that waited for it (a migrated
-			// container's old instance): looked at again now.
-			for _, up := range d.unfinishedDeps(eng, addr) {
-				d.queue.Add(up)
-			}
-		}
-		d.armWatch(eng, gen, addr, rs)
+		d.settledOK(eng, gen, addr, rs, st, start, now, was, failing)
 	} else if hostFault(st.Err) {
-		// Never the resource's fault: the host cannot take the change now (its state or
-		// log disk is full), and the server kind refused before stopping anything. No
-		// failure counts toward its backoff: it is tried again at the shortest wait,
-		// each time, so it goes ahead as soon as the host has room (issue 27: the
-		// backoff kept it down 20 s after space returned).
-		rs.converged = false
-		wait := orDefault(d.cfg.BackoffMin, DefaultBackoffMin)
-		rs.until, rs.terminal, rs.holdSeen = time.Time{}, false, ""
-		d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
-		d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
-		d.log.Error("resource failed: the host cannot take the change now; no backoff", "resource", addr, "error", st.Err, "retry_in", wait.Round(time.Millisecond).String())
+		next = d.settledHostFault(addr, rs, st, now)
+	} else if wait, retry := d.settledFailed(eng, gen, addr, rs, st, start, now); retry {
 		next = wait
-		for _, dep := range d.shape.dependents[addr] {
-			d.queue.Add(dep)
-		}
-	} else {
-		rs.converged = false
-		if rs.downSince.IsZero() {
-			rs.downSince = start
-		}
-		if !rs.verified.IsZero() && now.Sub(rs.verified) >= stable {
-			rs.failures = 0
-		}
-		rs.verified = time.Time{}
-		rs.failures++
-		wait := d.backoff(rs.failures)
-		rs.until = now.Add(wait)
-		rs.terminal = agent.IsTerminal(st.Err)
-		rs.holdSeen = ""
-		if rs.terminal && st.Diff == nil {
-			rs.holdSeen = fingerprint(nil, st.Err) // it failed observing: that is what it saw
-		}
-		d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
-		d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
-		d.log.Error("resource failed", "resource", addr, "error", st.Err, "failures", rs.failures, "retry_in", wait.Round(time.Millisecond).String(), "terminal", rs.terminal)
-		if !rs.terminal {
-			next = wait
-		}
-		for _, dep := range d.shape.dependents[addr] {
-			d.queue.Add(dep) // they report the root cause of their wait
-		}
-		if rs.unavailable = agent.IsUnavailable(st.Err); rs.unavailable {
-			// What it waits for is outside the agent (its cluster member is offline):
-			// its watch says when that may be back, and it is observed then, not at
-			// the end of a backoff that grows to minutes over a long outage.
-			d.armWatch(eng, gen, addr, rs)
-		}
 	}
 	d.recount(addr)
 	if gen == d.engGen && d.allConverged() {
@@ -477,7 +377,131 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 	rs.inFlight, rs.phaseStart, rs.phaseLimit = true, now, 0 // the status below is a step too
 	d.mu.Unlock()
 
-	// What /status and the metrics show: the resource's own status, observed now.
+	d.observeSettled(eng, addr, rs, st)
+}
+
+// settledOK is settle's part for a reconcile that converged (d.mu held): repairs and
+// crash loops counted, the stable period, dependents queued, the watch armed.
+func (d *Daemon) settledOK(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start, now time.Time, was, failing bool) {
+	stable := orDefault(d.cfg.Stable, DefaultStable)
+	if st.Applied {
+		rs.repairs++
+		took := now.Sub(rs.downSince)
+		d.metrics.repairs.WithLabelValues(addr, kindOf(addr)).Inc()
+		d.metrics.repairTime.WithLabelValues(addr, kindOf(addr)).Observe(took.Seconds())
+		d.log.Info("converged", "resource", addr, "action", string(st.Diff.Action), "time_to_repair", took.Round(time.Millisecond).String())
+		if !rs.verified.IsZero() && start.Sub(rs.verified) < stable && died(st.Diff) {
+			// It was verified moments ago and had to be repaired already: a crash
+			// loop, whose next repair waits its backoff. Each generation's quote
+			// (the Check's warnings name its log's failure) goes to the history.
+			rs.failures++
+			rs.until = now.Add(d.backoff(rs.failures))
+			after := start.Sub(rs.verified)
+			if rs.lastFire.After(rs.verified) {
+				after = rs.lastFire.Sub(rs.verified) // when its watch saw it go
+			}
+			d.addFailure(rs, now, fmt.Sprintf("%s: needed a %s %s after it was verified%s", addr, st.Diff.Action,
+				after.Round(100*time.Millisecond), warnings(st.Diff)))
+			d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
+			d.log.Warn("crash loop: repaired again soon after it was verified; its next repair waits", "resource", addr,
+				"verified_for", after.Round(100*time.Millisecond).String(), "failures", rs.failures,
+				"wait", time.Until(rs.until).Round(time.Millisecond).String())
+		}
+	}
+	if failing && !st.Applied {
+		// What failed cleared without a change (a cluster member back, a host
+		// that has room again): said once, so that the log does not end at the failure.
+		d.log.Info("converged again: its last failure cleared without a change", "resource", addr)
+	}
+	if st.Applied || rs.verified.IsZero() {
+		rs.verified = now // a new generation: its stable period starts
+	}
+	if now.Sub(rs.verified) >= stable {
+		if rs.failures > 0 {
+			d.log.Debug("stable: the failure count and backoff reset", "resource", addr, "failures", rs.failures)
+		}
+		rs.failures = 0
+	}
+	if !st.Applied || rs.until.Before(now) {
+		rs.until = time.Time{}
+	}
+	rs.converged, rs.terminal, rs.holdSeen, rs.downSince = true, false, "", time.Time{}
+	if st.Applied || !was {
+		eng.Record(st) // its dependencies, for ordering it as an orphan one day
+	}
+	if !was || st.Applied {
+		for _, dep := range d.shape.dependents[addr] {
+			d.queue.Add(dep)
+		}
+		// What it depends on may have break work that waited for it (a migrated
+		// container's old instance): looked at again now.
+		for _, up := range d.unfinishedDeps(eng, addr) {
+			d.queue.Add(up)
+		}
+	}
+	d.armWatch(eng, gen, addr, rs)
+}
+
+// settledHostFault is settle's part for a failure that was the host's (d.mu held): no
+// backoff; the wait before the next try.
+func (d *Daemon) settledHostFault(addr string, rs *resState, st *agent.Step, now time.Time) (next time.Duration) {
+	// Never the resource's fault: the host cannot take the change now (its state or
+	// log disk is full), and the server kind refused before stopping anything. No
+	// failure counts toward its backoff: it is tried again at the shortest wait,
+	// each time, so it goes ahead as soon as the host has room (issue 27: the
+	// backoff kept it down 20 s after space returned).
+	rs.converged = false
+	wait := orDefault(d.cfg.BackoffMin, DefaultBackoffMin)
+	rs.until, rs.terminal, rs.holdSeen = time.Time{}, false, ""
+	d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
+	d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
+	d.log.Error("resource failed: the host cannot take the change now; no backoff", "resource", addr, "error", st.Err, "retry_in", wait.Round(time.Millisecond).String())
+	next = wait
+	for _, dep := range d.shape.dependents[addr] {
+		d.queue.Add(dep)
+	}
+	return next
+}
+
+// settledFailed is settle's part for a failed reconcile (d.mu held): the failure
+// counted, its backoff; retry reports whether it is tried again after wait (a terminal
+// failure waits for its resync).
+func (d *Daemon) settledFailed(eng *agent.Engine, gen int, addr string, rs *resState, st *agent.Step, start, now time.Time) (wait time.Duration, retry bool) {
+	stable := orDefault(d.cfg.Stable, DefaultStable)
+	rs.converged = false
+	if rs.downSince.IsZero() {
+		rs.downSince = start
+	}
+	if !rs.verified.IsZero() && now.Sub(rs.verified) >= stable {
+		rs.failures = 0
+	}
+	rs.verified = time.Time{}
+	rs.failures++
+	wait = d.backoff(rs.failures)
+	rs.until = now.Add(wait)
+	rs.terminal = agent.IsTerminal(st.Err)
+	rs.holdSeen = ""
+	if rs.terminal && st.Diff == nil {
+		rs.holdSeen = fingerprint(nil, st.Err) // it failed observing: that is what it saw
+	}
+	d.addFailure(rs, now, st.Err.Error()+warnings(st.Diff))
+	d.metrics.failures.WithLabelValues(addr, kindOf(addr)).Inc()
+	d.log.Error("resource failed", "resource", addr, "error", st.Err, "failures", rs.failures, "retry_in", wait.Round(time.Millisecond).String(), "terminal", rs.terminal)
+	for _, dep := range d.shape.dependents[addr] {
+		d.queue.Add(dep) // they report the root cause of their wait
+	}
+	if rs.unavailable = agent.IsUnavailable(st.Err); rs.unavailable {
+		// What it waits for is outside the agent (its cluster member is offline):
+		// its watch says when that may be back, and it is observed then, not at
+		// the end of a backoff that grows to minutes over a long outage.
+		d.armWatch(eng, gen, addr, rs)
+	}
+	return wait, !rs.terminal
+}
+
+// observeSettled observes the resource's own status after its reconcile: what /status
+// and the metrics show.
+func (d *Daemon) observeSettled(eng *agent.Engine, addr string, rs *resState, st *agent.Step) {
 	var seen *agent.Diff
 	if st.Err == nil {
 		seen = agent.NoChange()

@@ -223,7 +223,43 @@ func (s *server) start() {
 		s.fail(1)
 	}
 
+	s.startUp(addr)
+
+	if s.faults.crashAfter > 0 {
+		go func() {
+			time.Sleep(s.faults.crashAfter)
+			s.log.rank(0, "Scheduler hit an exception: %s", crashTraceback)
+			s.log.main("Received sigquit from a child process. It usually means the child failed.")
+			s.fail(1)
+		}()
+	}
+	if s.faults.wedge {
+		go func() {
+			time.Sleep(s.faults.wedgeAfter)
+			s.wedgeNow()
+		}()
+	}
+	if s.decodeInterval > 0 {
+		t := time.NewTicker(s.decodeInterval)
+		for range t.C {
+			if !s.isWedged() {
+				s.decodeLine(40)
+			}
+		}
+	}
+}
+
+// startUp logs what SGLang logs from its ranks' start to "ready to roll", with the
+// faults that end it early, and marks the server ready.
+func (s *server) startUp(addr string) {
 	tp := s.tpSize()
+	avail := s.loadWeights(tp)
+	s.allocate(tp, avail, addr)
+}
+
+// loadWeights logs the ranks' start and their weights' load; avail is the memory left.
+func (s *server) loadWeights(tp int) (avail float64) {
+	a := s.args
 	for r := 0; r < tp; r++ {
 		s.log.rank(r, "Init torch distributed begin.")
 	}
@@ -245,13 +281,20 @@ func (s *server) start() {
 	if size > 0 {
 		usage = float64(size) / 1e9 / float64(tp)
 	}
-	avail := availBegin - usage
+	avail = availBegin - usage
 	if avail < 0.5 {
 		avail = 0.5
 	}
 	for r := 0; r < tp; r++ {
 		s.log.rank(r, "Load weight end. type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB.", s.arch(), avail, usage)
 	}
+	return avail
+}
+
+// allocate logs the caches, the CUDA graphs and the start of serving, with the faults
+// that fail them, and marks the server ready.
+func (s *server) allocate(tp int, avail float64, addr string) {
+	a := s.args
 	switch s.faults.oom {
 	case "cuda":
 		s.log.rank(0, "Scheduler hit an exception: %s", cudaOOMTraceback)
@@ -297,29 +340,6 @@ func (s *server) start() {
 	s.ready = true
 	s.mu.Unlock()
 	s.log.main("The server is fired up and ready to roll!")
-
-	if s.faults.crashAfter > 0 {
-		go func() {
-			time.Sleep(s.faults.crashAfter)
-			s.log.rank(0, "Scheduler hit an exception: %s", crashTraceback)
-			s.log.main("Received sigquit from a child process. It usually means the child failed.")
-			s.fail(1)
-		}()
-	}
-	if s.faults.wedge {
-		go func() {
-			time.Sleep(s.faults.wedgeAfter)
-			s.wedgeNow()
-		}()
-	}
-	if s.decodeInterval > 0 {
-		t := time.NewTicker(s.decodeInterval)
-		for range t.C {
-			if !s.isWedged() {
-				s.decodeLine(40)
-			}
-		}
-	}
 }
 
 func isLocalPath(p string) bool {

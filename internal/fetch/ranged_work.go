@@ -209,52 +209,79 @@ func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, since
 	stopWatch := rf.r.watchStall(actx, cancel, last)
 	defer stopWatch()
 
-	var cached *string
-	var resp *http.Response
+	resp, cached, done, err := rf.requestSpan(ctx, actx, start, end, etag)
+	defer done()
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	cs, ce, err := rf.checkAnswer(resp, cached, start, end)
+	if err != nil {
+		return err
+	}
+	if stolen, err := rf.readAnswer(ctx, actx, sp, resp, cs, ce, buf, sinceCk, last); err != nil || stolen {
+		return err // stolen: the rest belongs to the thief; this answer is dropped
+	}
+	rf.mu.Lock()
+	more := sp.next < sp.end
+	rf.mu.Unlock()
+	if more {
+		return rf.fetchSpan(ctx, sp, buf, sinceCk) // the server sent a shorter range: ask for the rest
+	}
+	return nil
+}
+
+// requestSpan is the answer for bytes start-end: the one that learned the size when its
+// body starts there, else a GET of the range (at the signed URL a redirect gave, when
+// one is cached: cached). done releases the answer that learned the size.
+func (rf *rangedFile) requestSpan(ctx, actx context.Context, start, end int64, etag string) (resp *http.Response, cached *string, done func(), err error) {
 	if first := rf.takeFirst(start); first != nil {
 		// The answer that learned the size: its body is the start of this piece. The
 		// stall watch of this attempt cancels its request.
 		stop := context.AfterFunc(actx, func() { first.cancel(context.Cause(actx)) })
-		defer stop()
-		defer first.cancel(nil)
-		resp = first.resp
-	} else {
-		u := rf.t.src
-		cached = rf.signed.Load()
-		if cached != nil {
-			u = *cached
-		}
-		req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
-		if err != nil {
-			return fmt.Errorf("request: %w", err)
-		}
-		req.Header.Set("User-Agent", "agent-fetch")
-		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
-		if etag != "" && !strings.HasPrefix(etag, "W/") {
-			req.Header.Set("If-Range", etag)
-		}
-		if resp, err = rf.hc.Do(req); err != nil {
-			rf.signed.Store(nil)
-			if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
-				return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
-			}
-			return err
-		}
+		return first.resp, nil, func() { first.cancel(nil); stop() }, nil
 	}
-	defer resp.Body.Close()
+	done = func() {}
+	u := rf.t.src
+	cached = rf.signed.Load()
+	if cached != nil {
+		u = *cached
+	}
+	req, err := http.NewRequestWithContext(actx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, nil, done, fmt.Errorf("request: %w", err)
+	}
+	req.Header.Set("User-Agent", "agent-fetch")
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, end))
+	if etag != "" && !strings.HasPrefix(etag, "W/") {
+		req.Header.Set("If-Range", etag)
+	}
+	if resp, err = rf.hc.Do(req); err != nil {
+		rf.signed.Store(nil)
+		if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
+			return nil, nil, done, fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+		}
+		return nil, nil, done, err
+	}
+	return resp, cached, done, nil
+}
+
+// checkAnswer checks that resp answers the range start-end of the file as laid out (its
+// status, encoding, ETag, Content-Range, size) and returns the bytes it carries.
+func (rf *rangedFile) checkAnswer(resp *http.Response, cached *string, start, end int64) (cs, ce int64, err error) {
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 		rf.signed.Store(nil)
 		se := statusErrorOf(resp, rf.t.src)
 		if cached != nil {
 			se.Redirected = true // the file's URL was not asked this time
 		}
-		return se
+		return 0, 0, se
 	}
 	if final := resp.Request.URL.String(); final != rf.t.src {
 		rf.signed.Store(&final)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return fmt.Errorf("%w: server sent Content-Encoding %q though identity was asked for", ErrCompressed, ce)
+		return 0, 0, fmt.Errorf("%w: server sent Content-Encoding %q though identity was asked for", ErrCompressed, ce)
 	}
 	// The first answer names the ETag of the layout; every later one must carry it (the
 	// other connections' answers may have come in since this request left).
@@ -264,34 +291,38 @@ func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, since
 	if learned {
 		rf.etag = got
 	}
-	etag = rf.etag
+	etag := rf.etag
 	rf.mu.Unlock()
 	if got != etag {
-		return &restartError{reason: fmt.Sprintf("ETag changed from %s to %s", etag, got)}
+		return 0, 0, &restartError{reason: fmt.Sprintf("ETag changed from %s to %s", etag, got)}
 	}
 	if resp.StatusCode == http.StatusOK {
-		return errNoRanges
+		return 0, 0, errNoRanges
 	}
 	cs, ce, total, err := parseContentRange(resp.Header.Get("Content-Range"))
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrBadResponse, err)
+		return 0, 0, fmt.Errorf("%w: %w", ErrBadResponse, err)
 	}
 	switch {
 	case total != rf.sc.Size:
-		return &restartError{reason: fmt.Sprintf("size changed from %d to %d", rf.sc.Size, total)}
+		return 0, 0, &restartError{reason: fmt.Sprintf("size changed from %d to %d", rf.sc.Size, total)}
 	case cs != start || ce > end:
-		return fmt.Errorf("%w: asked for bytes %d-%d, got Content-Range %q", ErrBadResponse, start, end, resp.Header.Get("Content-Range"))
+		return 0, 0, fmt.Errorf("%w: asked for bytes %d-%d, got Content-Range %q", ErrBadResponse, start, end, resp.Header.Get("Content-Range"))
 	case resp.ContentLength >= 0 && resp.ContentLength != ce-cs+1:
-		return fmt.Errorf("%w: Content-Length %d disagrees with Content-Range %q", ErrBadResponse, resp.ContentLength, resp.Header.Get("Content-Range"))
+		return 0, 0, fmt.Errorf("%w: Content-Length %d disagrees with Content-Range %q", ErrBadResponse, resp.ContentLength, resp.Header.Get("Content-Range"))
 	}
 	if learned {
 		if err := rf.checkpoint(); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	// Read the range (which may end before the span does: the next request asks for the
-	// rest), writing each read at its offset before counting it, and no further than the
-	// span's end as it is at each write (a steal may have moved it).
+	return cs, ce, nil
+}
+
+// readAnswer reads the range cs-ce of resp (which may end before the span does: the next
+// request asks for the rest), writing each read at its offset before counting it, and no
+// further than the span's end as it is at each write (a steal may have moved it: stolen).
+func (rf *rangedFile) readAnswer(ctx, actx context.Context, sp *span, resp *http.Response, cs, ce int64, buf []byte, sinceCk *int64, last *lastByte) (stolen bool, err error) {
 	off, want := cs, ce-cs+1
 	body := io.LimitReader(resp.Body, want)
 	for want > 0 {
@@ -305,21 +336,21 @@ func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, since
 		if n > 0 {
 			k, stolen := rf.reserve(sp, off, int64(n))
 			if _, err := rf.fd.WriteAt(buf[:k], off); err != nil {
-				return err
+				return false, err
 			}
 			off += k
 			want -= k
 			last.touch()
 			rf.wrote(sp, off, k)
 			if stolen {
-				return nil // the rest belongs to the thief; this answer is dropped
+				return true, nil
 			}
 			if *sinceCk += k; *sinceCk >= rf.r.opts.CheckpointEvery {
 				// While another worker's checkpoint syncs, keep streaming and try again
 				// after the next read: waiting for it would stall this connection.
 				done, err := rf.tryCheckpoint()
 				if err != nil {
-					return err
+					return false, err
 				}
 				if done {
 					*sinceCk = 0
@@ -327,22 +358,16 @@ func (rf *rangedFile) fetchSpan(ctx context.Context, sp *span, buf []byte, since
 			}
 		}
 		if rerr == io.EOF && want > 0 {
-			return fmt.Errorf("%w: the range ended %d bytes early", io.ErrUnexpectedEOF, want)
+			return false, fmt.Errorf("%w: the range ended %d bytes early", io.ErrUnexpectedEOF, want)
 		}
 		if rerr != nil && rerr != io.EOF {
 			if cause := context.Cause(actx); errors.Is(cause, ErrStalled) && ctx.Err() == nil {
-				return fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
+				return false, fmt.Errorf("%w: no data for %s", ErrStalled, rf.r.opts.StallTimeout)
 			}
-			return rerr
+			return false, rerr
 		}
 	}
-	rf.mu.Lock()
-	more := sp.next < sp.end
-	rf.mu.Unlock()
-	if more {
-		return rf.fetchSpan(ctx, sp, buf, sinceCk) // the server sent a shorter range: ask for the rest
-	}
-	return nil
+	return false, nil
 }
 
 // reserve says how many of n bytes read at off the span may write: all of them, or those

@@ -227,42 +227,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		e.stats.AuthSeen++
 	}
 	f := e.fault
-	if f.DenyAuth && r.Header.Get("Authorization") != "" {
-		s.mu.Unlock()
-		http.Error(w, "authorization not accepted here", http.StatusForbidden)
+	sig, ok := s.admit(w, r, e, f)
+	if !ok {
 		return
-	}
-	if f.RequireAuth != "" && r.Header.Get("Authorization") != f.RequireAuth {
-		s.mu.Unlock()
-		http.Error(w, "authorization required", http.StatusUnauthorized)
-		return
-	}
-	if f.RedirectTo != "" {
-		s.mu.Unlock()
-		http.Redirect(w, r, f.RedirectTo+r.URL.Path, http.StatusFound)
-		return
-	}
-	var sig *signature
-	if f.SignedBytes > 0 || f.SignedFor > 0 {
-		key := r.URL.Query().Get("sig")
-		if key == "" {
-			e.stats.Signed++
-			key = strconv.Itoa(e.stats.Signed)
-			if e.sigs == nil {
-				e.sigs = map[string]*signature{}
-			}
-			e.sigs[key] = &signature{expires: time.Now().Add(f.SignedFor)}
-			s.mu.Unlock()
-			http.Redirect(w, r, r.URL.Path+"?sig="+key, http.StatusFound)
-			return
-		}
-		sig = e.sigs[key]
-		if sig == nil || sig.expired(f) {
-			e.stats.Expired++
-			s.mu.Unlock()
-			http.Error(w, "<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>", http.StatusForbidden)
-			return
-		}
 	}
 	switch r.Method {
 	case http.MethodHead:
@@ -342,6 +309,49 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.respond(w, r, e, p)
 }
 
+// admit answers, with s.mu held, what f refuses before any body: a header it denies or
+// requires, a redirect, a signature to hand out or one expired (ok false: answered, and
+// s.mu released). sig is the request's signature when f signs its URLs.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, e *entry, f Fault) (sig *signature, ok bool) {
+	if f.DenyAuth && r.Header.Get("Authorization") != "" {
+		s.mu.Unlock()
+		http.Error(w, "authorization not accepted here", http.StatusForbidden)
+		return nil, false
+	}
+	if f.RequireAuth != "" && r.Header.Get("Authorization") != f.RequireAuth {
+		s.mu.Unlock()
+		http.Error(w, "authorization required", http.StatusUnauthorized)
+		return nil, false
+	}
+	if f.RedirectTo != "" {
+		s.mu.Unlock()
+		http.Redirect(w, r, f.RedirectTo+r.URL.Path, http.StatusFound)
+		return nil, false
+	}
+	if f.SignedBytes > 0 || f.SignedFor > 0 {
+		key := r.URL.Query().Get("sig")
+		if key == "" {
+			e.stats.Signed++
+			key = strconv.Itoa(e.stats.Signed)
+			if e.sigs == nil {
+				e.sigs = map[string]*signature{}
+			}
+			e.sigs[key] = &signature{expires: time.Now().Add(f.SignedFor)}
+			s.mu.Unlock()
+			http.Redirect(w, r, r.URL.Path+"?sig="+key, http.StatusFound)
+			return nil, false
+		}
+		sig = e.sigs[key]
+		if sig == nil || sig.expired(f) {
+			e.stats.Expired++
+			s.mu.Unlock()
+			http.Error(w, "<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>", http.StatusForbidden)
+			return nil, false
+		}
+	}
+	return sig, true
+}
+
 func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p plan) {
 	h := w.Header()
 	h.Set("ETag", p.etag)
@@ -407,6 +417,12 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		}
 		return
 	}
+	s.stream(w, r, cw, body, start, status, p.fault)
+}
+
+// stream sends body (the bytes from start) at f's rate, with f's stalls and drop.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, cw *countingWriter, body []byte, start int64, status int, f Fault) {
+	h := w.Header()
 	h.Set("Content-Length", strconv.FormatInt(int64(len(body)), 10))
 	w.WriteHeader(status)
 	var sent int64
@@ -417,9 +433,9 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		}
 		for sent < upto {
 			n := min(upto-sent, 32<<10)
-			if p.fault.Rate > 0 {
-				n = min(n, max(p.fault.Rate/64, 1))
-				if d := time.Until(began.Add(time.Duration(float64(sent) / float64(p.fault.Rate) * float64(time.Second)))); d > 0 {
+			if f.Rate > 0 {
+				n = min(n, max(f.Rate/64, 1))
+				if d := time.Until(began.Add(time.Duration(float64(sent) / float64(f.Rate) * float64(time.Second)))); d > 0 {
 					t := time.NewTimer(d)
 					select {
 					case <-t.C:
@@ -441,7 +457,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 		}
 		return true
 	}
-	for _, at := range p.fault.StallAt {
+	for _, at := range f.StallAt {
 		if rel := at - start; rel >= 0 && rel < int64(len(body)) {
 			if !send(rel) {
 				return
@@ -451,12 +467,12 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 			return
 		}
 	}
-	if p.fault.Stall > 0 {
-		if !send(p.fault.StallAfter) {
+	if f.Stall > 0 {
+		if !send(f.StallAfter) {
 			return
 		}
 		w.(http.Flusher).Flush()
-		t := time.NewTimer(p.fault.Stall)
+		t := time.NewTimer(f.Stall)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -464,8 +480,8 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, e *entry, p pla
 			return
 		}
 	}
-	if p.fault.DropAfter > 0 {
-		send(p.fault.DropAfter)
+	if f.DropAfter > 0 {
+		send(f.DropAfter)
 		w.(http.Flusher).Flush()
 		panic(http.ErrAbortHandler)
 	}
