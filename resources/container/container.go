@@ -1,3 +1,6 @@
+// Package container is the `container` resource kind: an Incus instance, on a cluster
+// member when the plan says so, migrated make-before-break. It implements
+// resources.Containers.
 package container
 
 import (

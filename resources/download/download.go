@@ -1,3 +1,5 @@
+// Package download is the `download` resource kind: files fetched, verified and kept
+// from a Hugging Face repository, a mirror or explicit URLs.
 package download
 
 import (

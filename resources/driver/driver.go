@@ -1,3 +1,6 @@
+// Package driver is the `nvidia_driver` resource kind: the host's NVIDIA kernel module
+// and userspace, installed with NVIDIA's .run installer, nouveau blacklisted, a reboot
+// when one is needed.
 package driver
 
 import (

@@ -23,7 +23,7 @@ func Kinds() []agent.Kind { return KindsFor(resources.HostFromEnv(os.Getenv)) }
 // the GPUs before a driver change, and the container and server kinds as the ones that
 // answer each other's questions (resources.Containers, resources.Servers).
 func KindsFor(h resources.Machine) []agent.Kind {
-	h = Wire(h)
+	h = wire(h)
 	return []agent.Kind{
 		file.FileKind(),
 		driver.DriverKind(h),
@@ -33,8 +33,8 @@ func KindsFor(h resources.Machine) []agent.Kind {
 	}
 }
 
-// Wire is h with what it leaves unset filled in as KindsFor does.
-func Wire(h resources.Machine) resources.Machine {
+// wire is h with what it leaves unset filled in.
+func wire(h resources.Machine) resources.Machine {
 	h = h.WithDefaults()
 	if h.StopGPUServers == nil {
 		h.StopGPUServers = server.ServerStopper(h.Proc, h.GPU)

@@ -1,3 +1,7 @@
+// Package server is the `server` resource kind: a model server (SGLang, vLLM, llama.cpp)
+// launched, verified, watched and relaunched on the host or in a container, one file per
+// phase (bind, observe, decide, apply, status) and per feature (revert, liveness,
+// migrate, delete). It implements resources.Servers and resources.GPUServerStopper.
 package server
 
 import (
