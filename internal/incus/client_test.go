@@ -759,6 +759,19 @@ func TestInstanceStateRetriesServerErrors(t *testing.T) {
 	if err != nil || st.StatusCode != 102 || calls.Load() != 3 {
 		t.Fatalf("state = %+v, %v after %d calls", st, err, calls.Load())
 	}
+	// A stop that takes seconds answers 500 all along (a loaded machine's 5 s shutdown):
+	// the read outlasts it.
+	stopEnds := time.Now().Add(2500 * time.Millisecond)
+	f.mux.HandleFunc("GET /1.0/instances/c3/state", func(w http.ResponseWriter, r *http.Request) {
+		if time.Now().Before(stopEnds) {
+			writeError(w, 500, "Invalid PID '\ufffd'")
+			return
+		}
+		writeSync(w, map[string]any{"status": "Stopped", "status_code": 102})
+	})
+	if st, err := f.client.InstanceState(testCtx(t), "c3"); err != nil || st.StatusCode != 102 {
+		t.Fatalf("a 2.5 s stop: state = %+v, %v", st, err)
+	}
 	var gone atomic.Int32
 	f.mux.HandleFunc("GET /1.0/instances/c2/state", func(w http.ResponseWriter, r *http.Request) {
 		gone.Add(1)

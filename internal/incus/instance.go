@@ -190,29 +190,34 @@ func (c *Client) DeleteInstance(ctx context.Context, name string) error {
 // network addresses.
 //
 // Incus answers this read with a transient 500 while an instance changes state (6.0:
-// "Invalid PID" during a stop), so a server error is retried a few times, briefly.
+// "Invalid PID" during a stop, for as long as the stop takes), so a server error is
+// retried with a growing pause for up to stateReadPatience: a fixed number of quick tries
+// (1 s in all) ran out during a 5 s shutdown on a loaded machine.
 func (c *Client) InstanceState(ctx context.Context, name string) (*InstanceState, error) {
-	var err error
-	for attempt := range stateReadAttempts {
+	deadline := time.Now().Add(stateReadPatience)
+	pause := 100 * time.Millisecond
+	for {
 		var st InstanceState
-		if _, err = c.get(ctx, instancePath(name)+"/state", &st); err == nil {
+		_, err := c.get(ctx, instancePath(name)+"/state", &st)
+		if err == nil {
 			return &st, nil
 		}
 		var e *Error
-		if !errors.As(err, &e) || e.Status < 500 || attempt == stateReadAttempts-1 {
-			break
+		if !errors.As(err, &e) || e.Status < 500 || time.Now().Add(pause).After(deadline) {
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
 			return nil, err
-		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+		case <-time.After(pause):
 		}
+		pause = min(2*pause, time.Second)
 	}
-	return nil, err
 }
 
-// stateReadAttempts bounds the retries of a state read that failed with a server error.
-const stateReadAttempts = 5
+// stateReadPatience bounds the retries of a state read that failed with a server error:
+// longer than Incus's own shutdown timeout (5 s here, 10 s by default) and a margin.
+const stateReadPatience = 15 * time.Second
 
 // stateChange is the body of PUT /1.0/instances/{name}/state.
 type stateChange struct {
