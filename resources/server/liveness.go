@@ -138,23 +138,50 @@ type livenessNow struct {
 	busy     bool // degraded, and the engine progressed meanwhile
 }
 
-// livenessVerdict is what the watch concluded of rec's generation so far; ok is false
-// when it has not judged it (no `agent run`, no check, another generation).
-func livenessVerdict(env *agent.Env, rec *serverRecord) (now livenessNow, ok bool) {
+// watchedLiveness is what the watch concluded so far of the generation it judges (id):
+// ok is false when it judges none (no `agent run`, no check).
+type watchedLiveness struct {
+	id  proc.Identity
+	now livenessNow
+	ok  bool
+}
+
+// livenessSeen is what the watch of env's server concluded so far.
+func livenessSeen(env *agent.Env) watchedLiveness {
 	if env.State == nil {
-		return now, false
+		return watchedLiveness{}
 	}
 	x, found := env.Memory.Load(livenessKey(env))
 	if !found {
-		return now, false
+		return watchedLiveness{}
 	}
 	l := x.(*serverLiveness)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.id != rec.id() || l.watch == nil {
+	if l.watch == nil {
+		return watchedLiveness{}
+	}
+	return watchedLiveness{id: l.id, now: livenessNow{verdict: l.verdict, evidence: l.evidence, since: l.since, cfg: l.cfg, failed: l.watch.Failed(), busy: l.watch.Progressing()}, ok: true}
+}
+
+// of is the verdict on rec's generation; ok is false when the watch judges another.
+func (w watchedLiveness) of(rec *serverRecord) (now livenessNow, ok bool) {
+	if !w.ok || w.id != rec.id() {
 		return now, false
 	}
-	return livenessNow{verdict: l.verdict, evidence: l.evidence, since: l.since, cfg: l.cfg, failed: l.watch.Failed(), busy: l.watch.Progressing()}, true
+	return w.now, true
+}
+
+// wedged reports whether the watch found rec's generation wedged.
+func (w watchedLiveness) wedged(rec *serverRecord) bool {
+	now, ok := w.of(rec)
+	return ok && now.verdict == lifecycle.Wedged
+}
+
+// livenessVerdict is what the watch concluded of rec's generation so far; ok is false
+// when it has not judged it (no `agent run`, no check, another generation).
+func livenessVerdict(env *agent.Env, rec *serverRecord) (now livenessNow, ok bool) {
+	return livenessSeen(env).of(rec)
 }
 
 // startLiveness readies the judgement of rec's generation, whose log the agent reads at

@@ -16,6 +16,7 @@ import (
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/resources"
 )
 
@@ -25,6 +26,205 @@ var errNoInstance = errors.New("container does not exist")
 // errNoEndpoint is wrapped when the agent cannot reach the server's port in its
 // container; the lifecycle is returned with it, good for everything but HTTP.
 var errNoEndpoint = errors.New("server port unreachable from the agent")
+
+// observation is what Check sees before it decides, gathered once by observe: the
+// record (a pending launch settled), the recorded process, the server's place, the
+// port's holder, and the judgements the loop keeps (the liveness watch's verdict,
+// whether a held change was said). decide reads nothing else.
+type observation struct {
+	now  time.Time
+	loop bool // `agent run`: a rejected change is held, not tried again
+	// has: rec names a launch; stopped: rec was stopped for good (has is false, and a
+	// launch continues its generations). found is the record update of a pending launch
+	// settled on the way.
+	has, stopped bool
+	rec          serverRecord
+	found        *agent.RecordUpdate
+	alive        bool // rec's process runs (in the namespace rec names)
+	// missing: the container does not exist yet; noEndpoint: the port cannot be reached
+	// from the agent (the place is there otherwise).
+	missing, noEndpoint error
+	// failure is the failure line of rec's log (its process gone), "" when none.
+	failure string
+	// probed: the readiness of rec's process was probed; notReady is why it is not
+	// ready ("" ready).
+	probed   bool
+	notReady string
+	liveness watchedLiveness
+	said     bool // the hold of rec's rejected change was logged already
+	holder   portHolding
+	// fit is the preflight's verdict for a launch (fits when it cannot tell).
+	fitMsg string
+	fits   bool
+}
+
+// portHolding is what holds the server's port when its recorded process does not run.
+type portHolding struct {
+	err   error      // the port's holders could not be read
+	owner *proc.Stat // nil: nobody; else the holder, climbed to its launcher when it runs the plan's server
+	// runsPlan: owner runs exactly this server's command line; recordedAs names another
+	// record that holds it, ownedBy the live agent that launched it.
+	runsPlan            bool
+	recordedAs, ownedBy string
+	ns                  string // its PID namespace, as a record names it
+	nsErr               error
+	started             time.Time // when it started (zero: unknown)
+	notReady            string    // its readiness, for its adoption
+	desc                string    // who it is, for an error or a takeover
+}
+
+// observe gathers what Check decides on, through the server's place: the record, a
+// pending launch settled, the cluster member of each place it names, the recorded
+// process, the place's lifecycle, the log of a process gone, readiness and liveness of
+// one alive, what holds the port, and the preflight of a launch. It returns the server
+// as it runs now (liveView).
+func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observation, error) {
+	s = s.liveView(env)
+	o := &observation{now: env.Now(), loop: env.Loop, fits: true}
+	rec := &o.rec
+	has, err := env.State.Load(rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	if has && !rec.StoppedAt.IsZero() {
+		o.stopped, has = true, false // stopped for good: a launch is a new start, numbered after it
+	}
+	places := []string{s.place}
+	if has {
+		places = append(places, rec.Place)
+	}
+	if _, err := s.memberDown(ctx, env, places...); err != nil {
+		return nil, nil, err
+	}
+	if has && rec.Pending != nil {
+		if has, o.found, err = s.recoverPending(env, rec); err != nil {
+			return nil, nil, err
+		}
+	}
+	o.has = has
+	// PIDs and start times in the namespace the record names (remote.go).
+	if has {
+		if o.alive, err = s.recordProcs(ctx, env, rec).Alive(ctx, rec.id()); err != nil {
+			return nil, nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
+		}
+	}
+	lc, err := s.lifecycle(ctx, env)
+	if errors.Is(err, errNoInstance) {
+		o.missing, err = err, nil
+	}
+	if errors.Is(err, errNoEndpoint) {
+		o.noEndpoint, err = err, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	o.liveness = livenessSeen(env)
+	if r := rec.Rejected; r != nil {
+		_, o.said = env.Memory.Load(heldKey(env.Addr, r))
+	}
+	s.observeProcess(ctx, env, lc, o)
+	if s.mayLaunch(o) {
+		var prev *serverRecord
+		if has {
+			prev = rec
+		}
+		o.fitMsg, o.fits = s.preflight(ctx, prev)
+	}
+	return s, o, nil
+}
+
+// observeProcess observes, on lc, what decide judges the recorded process by: its log's
+// failure when it is gone and what holds the port then, its readiness when it runs the
+// plan's server (or the rolled-back one the loop keeps).
+func (s *Server) observeProcess(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, o *observation) {
+	rec := &o.rec
+	if o.has && !o.alive {
+		if p := hostPath(ctx, lc, rec); p != "" {
+			if f, ok := lifecycle.Failure(p); ok {
+				o.failure = f.String()
+			}
+		}
+	}
+	if !o.alive && o.missing == nil && s.port > 0 {
+		var prev *serverRecord
+		if o.has {
+			prev = rec
+		}
+		o.holder = s.observeHolder(ctx, env, lc, prev)
+	}
+	matches := len(s.identityChanges(rec)) == 0
+	if o.alive && o.missing == nil && rec.verified() && (matches && o.noEndpoint == nil || !matches && o.loop && s.rejectedNow(rec) != nil) {
+		o.probed, o.notReady = true, s.notReady(ctx, lc, rec)
+	}
+}
+
+// mayLaunch reports whether decide may launch on o: anything but the recorded process
+// running the plan's server, ready and not wedged (or not verified yet).
+func (s *Server) mayLaunch(o *observation) bool {
+	if !o.alive || len(s.identityChanges(&o.rec)) > 0 {
+		return true
+	}
+	return o.probed && (o.notReady != "" || o.liveness.wedged(&o.rec))
+}
+
+// observeHolder observes what holds the port besides prev's launch: whether it runs the
+// plan's server, and then whether another record or agent holds it and what an
+// adoption records of it; else who it is.
+func (s *Server) observeHolder(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, prev *serverRecord) portHolding {
+	var h portHolding
+	procs := lc.Place.Procs(ctx)
+	h.owner, h.err = s.portHolder(ctx, procs, prev)
+	if h.err != nil || h.owner == nil {
+		return h
+	}
+	if h.runsPlan = s.matches(ctx, procs, h.owner); !h.runsPlan {
+		h.desc = describeProc(ctx, procs, h.owner.PID)
+		return h
+	}
+	if h.recordedAs = recordedElsewhere(env, h.owner); h.recordedAs != "" {
+		return h
+	}
+	if h.ownedBy = ownedElsewhere(ctx, procs, env, h.owner.PID); h.ownedBy != "" {
+		return h
+	}
+	if h.ns, h.nsErr = lc.Namespace(ctx); h.nsErr != nil {
+		return h
+	}
+	if st, err := procStart(ctx, procs, h.owner.StartTicks); err == nil {
+		h.started = st
+	}
+	adopt := s.adopted(prev, &h)
+	h.notReady = s.notReady(ctx, lc, &adopt)
+	return h
+}
+
+// ownedElsewhere names the state directory of another live agent that launched pid (the
+// AGENT_OWNER its launch carries, whose directory still has that identity), or "" when
+// it is this state directory's, or no agent's that still exists.
+func ownedElsewhere(ctx context.Context, procs lifecycle.Procs, env *agent.Env, pid int) string {
+	environ, err := procs.Environ(ctx, pid)
+	if err != nil || env.State == nil {
+		return ""
+	}
+	for _, kv := range environ {
+		v, ok := strings.CutPrefix(kv, state.OwnerEnv+"=")
+		if !ok {
+			continue
+		}
+		id, dir, ok := state.ParseOwnerMark(v)
+		if !ok {
+			return ""
+		}
+		if mine, _ := state.OwnerOf(env.State.Dir()); mine == id {
+			return ""
+		}
+		if live, err := state.OwnerOf(dir); err != nil || live != id {
+			return "" // that state directory is gone or was remade: nobody owns it now
+		}
+		return dir + " (owner " + id + ")"
+	}
+	return ""
+}
 
 // lifecycle is the lifecycle of the server's place: the host, or its container (which
 // must exist and run; errNoInstance when it does not exist).

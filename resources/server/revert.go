@@ -141,21 +141,30 @@ func markRejected(changes []agent.Change, r *rejectedChange, loop bool) {
 // holdRejected is the loop's verdict on a server whose plan asks again for a change that
 // was rejected and rolled back: nothing is launched. A verified rolled-back generation is
 // converged as far as the loop goes (it serves; its dependents go on; a rollout counts it
-// available), with a warning that says why, logged once. A rejection that could not be
-// rolled back (nothing serves) is a terminal error: reported, never acted on.
-func (s *Server) holdRejected(env *agent.Env, rec *serverRecord, r *rejectedChange) (*agent.Diff, error) {
+// available), with a warning that says why, and held, that why when the loop has not
+// said it yet (sayHeld logs it, once). A rejection that could not be rolled back (nothing
+// serves) is a terminal error: reported, never acted on.
+func (s *Server) holdRejected(o *observation, rec *serverRecord, r *rejectedChange) (d *agent.Diff, held string, err error) {
 	if r.Refused != "" {
-		return nil, agent.Terminal(fmt.Errorf("the plan's change was rejected at %s: generation %d failed (%s) and could not be rolled back: %s; nothing of %s serves. `agent run` does not launch that change again until the plan changes it; `agent apply` tries it once more",
+		return nil, "", agent.Terminal(fmt.Errorf("the plan's change was rejected at %s: generation %d failed (%s) and could not be rolled back: %s; nothing of %s serves. `agent run` does not launch that change again until the plan changes it; `agent apply` tries it once more",
 			agent.HumanTime(r.At), r.Generation, r.Quote, r.Refused, s.addr))
 	}
 	why := fmt.Sprintf("the plan's change was rejected at %s: generation %d failed (%s); generation %d serves generation %d's command line, rolled back. `agent run` does not launch that change again until the plan changes it; `agent apply` tries it once more",
 		agent.HumanTime(r.At), r.Generation, r.Quote, rec.Generation, rolledBackOf(rec, r))
+	if !o.said {
+		held = why
+	}
+	d = agent.NoChange()
+	d.Warnings = append(d.Warnings, why)
+	return d, held, nil
+}
+
+// sayHeld logs why the loop holds r back, and remembers that it did (agent.Memory): the
+// reason is logged once, not at every pass.
+func sayHeld(env *agent.Env, r *rejectedChange, why string) {
 	if _, said := env.Memory.LoadOrStore(heldKey(env.Addr, r), true); !said {
 		env.Log.Warn("not launching the plan's change: it was rejected and rolled back", "why", why)
 	}
-	d := agent.NoChange()
-	d.Warnings = append(d.Warnings, why)
-	return d, nil
 }
 
 // heldKey names, in the loop's memory (agent.Memory), a rejected change the loop already
@@ -410,35 +419,35 @@ func (s *Server) againDiff(rec *serverRecord) *agent.Diff {
 // not verified yet (an agent killed during its verification) is verified, a verified one
 // is judged by its readiness alone (holdRejected), one that died or stays unhealthy is
 // relaunched as it was, never as the rejected change.
-func (s *Server) decideRevert(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, rec *serverRecord, alive bool) (*agent.Diff, bool, error) {
-	if !alive && s.midRevert(rec) {
-		return s.revertDiff(rec), true, nil
+func (s *Server) decideRevert(o *observation, rec *serverRecord) (d *agent.Diff, held string, handled bool, err error) {
+	if !o.alive && s.midRevert(rec) {
+		return s.revertDiff(rec), "", true, nil
 	}
 	r := s.rejectedNow(rec)
-	if r == nil || !env.Loop {
-		return nil, false, nil
+	if r == nil || !o.loop {
+		return nil, "", false, nil
 	}
 	switch {
-	case !alive && rec.RevertOf != 0:
-		return s.againDiff(rec), true, nil
-	case !alive:
-		d, err := s.holdRejected(env, rec, r)
-		return d, true, err
+	case !o.alive && rec.RevertOf != 0:
+		return s.againDiff(rec), "", true, nil
+	case !o.alive:
+		d, held, err := s.holdRejected(o, rec, r)
+		return d, held, true, err
 	case !rec.verified():
-		return s.verifyDiff(env, rec), true, nil
+		return s.verifyDiff(o.now, rec), "", true, nil
 	}
-	d, err := s.checkReady(ctx, env, lc, rec)
+	d, err = s.checkReady(o, rec, o.notReady)
 	if err != nil {
-		return nil, true, err
+		return nil, "", true, err
 	}
 	if det, ok := d.Detail.(*serverDetail); ok && det.stop {
 		det.again = true // unhealthy past its grace: relaunched as it was
-		return d, true, nil
+		return d, "", true, nil
 	}
-	hold, err := s.holdRejected(env, rec, r)
+	hold, held, err := s.holdRejected(o, rec, r)
 	if err != nil {
-		return nil, true, err
+		return nil, "", true, err
 	}
 	d.Warnings = append(d.Warnings, hold.Warnings...)
-	return d, true, nil
+	return d, held, true, nil
 }

@@ -51,10 +51,10 @@ func (r *serverRecord) verified() bool {
 }
 
 // verifyDiff is the step that completes the verification of a running, matching launch.
-func (s *Server) verifyDiff(env *agent.Env, rec *serverRecord) *agent.Diff {
+func (s *Server) verifyDiff(now time.Time, rec *serverRecord) *agent.Diff {
 	was := fmt.Sprintf("generation %d (pid %d) launched, never verified", rec.Generation, rec.PID)
 	if !rec.LaunchedAt.IsZero() {
-		was = fmt.Sprintf("generation %d (pid %d) launched %s ago, never verified", rec.Generation, rec.PID, agent.Age(env.Now().Sub(rec.LaunchedAt)))
+		was = fmt.Sprintf("generation %d (pid %d) launched %s ago, never verified", rec.Generation, rec.PID, agent.Age(now.Sub(rec.LaunchedAt)))
 	}
 	c := agent.Set("verification", agent.Raw(was), agent.Raw("ready, settled, smoke-tested"))
 	c.Note = "verify: the agent that launched it stopped before verifying it"
