@@ -102,7 +102,7 @@ func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observa
 		}
 	}
 	o.has = has
-	// PIDs and start times in the namespace the record names (remote.go).
+	// PIDs and start times in the namespace the record names (place.go).
 	if has {
 		if o.alive, err = s.recordProcs(ctx, env, rec).Alive(ctx, rec.id()); err != nil {
 			return nil, nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
