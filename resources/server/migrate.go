@@ -7,7 +7,6 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
-	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/resources"
 )
 
@@ -135,17 +134,4 @@ func (ServerPeers) RunIn(env *agent.Env, instance string) bool {
 		return !found
 	})
 	return found || !ok
-}
-
-// recordedElsewhere names another server record (not stopped) that holds the process
-// st: a server never adopts what another record names, so two records never name one PID.
-func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
-	holder := ""
-	resources.EachRecord(env, "server", func(addr string, rec serverRecord) bool {
-		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
-			holder = addr
-		}
-		return holder == ""
-	})
-	return holder
 }

@@ -13,19 +13,11 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/resources"
 )
-
-// errNoInstance is wrapped when the server's container does not exist (yet).
-var errNoInstance = errors.New("container does not exist")
-
-// errNoEndpoint is wrapped when the agent cannot reach the server's port in its
-// container; the lifecycle is returned with it, good for everything but HTTP.
-var errNoEndpoint = errors.New("server port unreachable from the agent")
 
 // observation is what Check sees before it decides, gathered once by observe: the
 // record (a pending launch settled), the recorded process, the server's place, the
@@ -226,54 +218,6 @@ func ownedElsewhere(ctx context.Context, procs lifecycle.Procs, env *agent.Env, 
 	return ""
 }
 
-// lifecycle is the lifecycle of the server's place: the host, or its container (which
-// must exist and run; errNoInstance when it does not exist).
-func (s *Server) lifecycle(ctx context.Context, env *agent.Env) (*lifecycle.Lifecycle, error) {
-	return s.lifecycleAt(ctx, env, s.place)
-}
-
-// lifecycleAt is the lifecycle of place, "host" or "container NAME": a recorded launch
-// is stopped where it runs, also when the plan moved the server. The server's own
-// place gets its endpoint; another place is only observed and stopped.
-func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) (*lifecycle.Lifecycle, error) {
-	h := s.host.WithDefaults()
-	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
-	if !inContainer {
-		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil
-	}
-	r := s.incusRunner(env, name)
-	c := r.Client
-	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
-	if place != s.place || s.Delete {
-		return lc, nil // observed and stopped only
-	}
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	inst, _, err := c.GetInstance(qctx, name)
-	if incus.IsNotFound(err) {
-		return nil, fmt.Errorf("container %s: %w", name, errNoInstance)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", name, resources.ReachErr(c, err))
-	}
-	if !inst.Running() {
-		return nil, fmt.Errorf("container %s is %s: the server runs inside it, so it must run (running = true on its container block, or incus start %s): %w",
-			name, strings.ToLower(inst.Status), name, lifecycle.ErrNotRunning)
-	}
-	if s.port > 0 && (s.ready.HTTP != "" || s.smoke != nil || s.enableMetrics) {
-		st, err := c.InstanceState(qctx, name)
-		if err != nil {
-			return nil, fmt.Errorf("container %s: %w", name, err)
-		}
-		ep, err := lifecycle.IncusEndpoint(inst, st, s.port)
-		if err != nil {
-			return lc, fmt.Errorf("%w: %w", errNoEndpoint, err)
-		}
-		r.Endpoints = map[int]string{s.port: ep}
-	}
-	return lc, nil
-}
-
 // hostPath is where the agent reads rec's log: through its place's lifecycle when
 // that is lc's, on the host for a host record; "" when it cannot be read.
 func hostPath(ctx context.Context, lc *lifecycle.Lifecycle, rec *serverRecord) string {
@@ -465,55 +409,15 @@ func procStart(ctx context.Context, procs lifecycle.Procs, ticks uint64) (time.T
 	return proc.StartTime(boot, ticks), nil
 }
 
-// recoverPending settles a launch recorded as pending by an agent that stopped before
-// recording its process: the live session leader that carries the pending marker (the
-// lifecycle starts every server as one) becomes the record, as launched; with none,
-// the intent is void. It returns whether a record remains, and the record update that
-// says so (the engine keeps it: an observation writes nothing).
-func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
-	p := *rec.Pending
-	if settled, found, err := s.recoverPendingRemote(env, rec); settled || err != nil {
-		return rec.PID > 0, found, err
-	}
-	all, err := s.host.Proc.All()
-	if err != nil {
-		return false, nil, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
-	}
-	for _, st := range all {
-		if st.Dead() || st.PID != st.Session {
-			continue
+// recordedElsewhere names another server record (not stopped) that holds the process
+// st: a server never adopts what another record names, so two records never name one PID.
+func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
+	holder := ""
+	resources.EachRecord(env, "server", func(addr string, rec serverRecord) bool {
+		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
+			holder = addr
 		}
-		if envv, err := s.host.Proc.Environ(st.PID); err != nil || !slices.Contains(envv, p.Marker) {
-			continue
-		}
-		p.PID, p.StartTicks, p.PGID, p.SID = st.PID, st.StartTicks, st.PGRP, st.Session
-		if boot, err := s.host.Proc.BootTime(); err == nil {
-			p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
-		}
-		*rec = p
-		return true, pendingFound(rec, ""), nil
-	}
-	return voidPending(rec)
-}
-
-// pendingFound is the record update of a pending launch found running (in container,
-// "" on the host).
-func pendingFound(rec *serverRecord, container string) *agent.RecordUpdate {
-	where := ""
-	if container != "" {
-		where = " in container " + container
-	}
-	return agent.SaveRecord(rec, fmt.Sprintf("adopting the launch of generation %d (pid %d%s), which an agent that stopped before recording it left pending",
-		rec.Generation, rec.PID, where))
-}
-
-// voidPending forgets a pending launch whose process was not found: the record as it
-// was before it, or none. It returns whether a record remains.
-func voidPending(rec *serverRecord) (bool, *agent.RecordUpdate, error) {
-	why := fmt.Sprintf("the pending launch of generation %d never started", rec.Pending.Generation)
-	rec.Pending = nil
-	if rec.PID == 0 {
-		return false, agent.DeleteRecord(why), nil
-	}
-	return true, agent.SaveRecord(rec, why), nil
+		return holder == ""
+	})
+	return holder
 }

@@ -16,10 +16,10 @@ import (
 	"github.com/agent-dev/agent/resources"
 )
 
-// RemoteWatchEvery is how often the watch of a server in a container on another
-// cluster member looks at its process (an exec inside through Incus: no pidfd reaches
-// another kernel), so that its death is noticed within about this long.
-const RemoteWatchEvery = time.Second
+// The server's place, as observe reaches it: the host, or an Incus container (through
+// the plan's Incus socket, on this host or another cluster member). Its lifecycle, the
+// processes a record names in it, the cluster member that holds it, and a pending
+// launch into it settled.
 
 // incusRunner is the Incus runner of the instance name, through the plan's Incus
 // socket (one client per socket, shared by runs). Machine.IncusRemote makes it work
@@ -49,35 +49,6 @@ func (s *Server) recordProcs(ctx context.Context, env *agent.Env, rec *serverRec
 		return lifecycle.HostProcs(s.host.Proc)
 	}
 	return s.incusRunner(env, name).ProcsIn(ctx, rec.PIDNS)
-}
-
-// watchRecord blocks until rec's process exits (nil) or ctx ends: by pidfd for a host
-// PID (watchProcess), by a look inside every RemoteWatchEvery for a PID of a container
-// on another member.
-func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRecord) error {
-	name, ok := cutIncusPlace(rec.Place)
-	if rec.PIDNS == "" || !ok {
-		return watchProcess(ctx, s.host.Proc, rec.id())
-	}
-	// The member holding the instance is watched too: one whose incusd hangs answers
-	// no look inside, and the process would read as alive until the next resync.
-	r := s.incusRunner(env, name)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	exited, down := make(chan error, 1), make(chan error, 1)
-	go func() { exited <- r.WatchRemote(ctx, rec.PIDNS, rec.id(), RemoteWatchEvery) }()
-	go func() { down <- resources.WatchMember(ctx, env, r.Client, name) }()
-	for {
-		select {
-		case err := <-exited:
-			return err
-		case err := <-down:
-			if !errors.Is(err, agent.ErrNothingToWatch) {
-				return err
-			}
-			down = nil // on no cluster member: the process alone
-		}
-	}
 }
 
 // memberDown returns the member and the cluster's word on it (the container kind's
@@ -142,3 +113,111 @@ func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, 
 	*rec = p
 	return true, pendingFound(rec, name), nil
 }
+
+// lifecycle is the lifecycle of the server's place: the host, or its container (which
+// must exist and run; errNoInstance when it does not exist).
+func (s *Server) lifecycle(ctx context.Context, env *agent.Env) (*lifecycle.Lifecycle, error) {
+	return s.lifecycleAt(ctx, env, s.place)
+}
+
+// lifecycleAt is the lifecycle of place, "host" or "container NAME": a recorded launch
+// is stopped where it runs, also when the plan moved the server. The server's own
+// place gets its endpoint; another place is only observed and stopped.
+func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) (*lifecycle.Lifecycle, error) {
+	h := s.host.WithDefaults()
+	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
+	if !inContainer {
+		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil
+	}
+	r := s.incusRunner(env, name)
+	c := r.Client
+	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
+	if place != s.place || s.Delete {
+		return lc, nil // observed and stopped only
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	inst, _, err := c.GetInstance(qctx, name)
+	if incus.IsNotFound(err) {
+		return nil, fmt.Errorf("container %s: %w", name, errNoInstance)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", name, resources.ReachErr(c, err))
+	}
+	if !inst.Running() {
+		return nil, fmt.Errorf("container %s is %s: the server runs inside it, so it must run (running = true on its container block, or incus start %s): %w",
+			name, strings.ToLower(inst.Status), name, lifecycle.ErrNotRunning)
+	}
+	if s.port > 0 && (s.ready.HTTP != "" || s.smoke != nil || s.enableMetrics) {
+		st, err := c.InstanceState(qctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", name, err)
+		}
+		ep, err := lifecycle.IncusEndpoint(inst, st, s.port)
+		if err != nil {
+			return lc, fmt.Errorf("%w: %w", errNoEndpoint, err)
+		}
+		r.Endpoints = map[int]string{s.port: ep}
+	}
+	return lc, nil
+}
+
+// recoverPending settles a launch recorded as pending by an agent that stopped before
+// recording its process: the live session leader that carries the pending marker (the
+// lifecycle starts every server as one) becomes the record, as launched; with none,
+// the intent is void. It returns whether a record remains, and the record update that
+// says so (the engine keeps it: an observation writes nothing).
+func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+	p := *rec.Pending
+	if settled, found, err := s.recoverPendingRemote(env, rec); settled || err != nil {
+		return rec.PID > 0, found, err
+	}
+	all, err := s.host.Proc.All()
+	if err != nil {
+		return false, nil, fmt.Errorf("look for pending generation %d: %w", p.Generation, err)
+	}
+	for _, st := range all {
+		if st.Dead() || st.PID != st.Session {
+			continue
+		}
+		if envv, err := s.host.Proc.Environ(st.PID); err != nil || !slices.Contains(envv, p.Marker) {
+			continue
+		}
+		p.PID, p.StartTicks, p.PGID, p.SID = st.PID, st.StartTicks, st.PGRP, st.Session
+		if boot, err := s.host.Proc.BootTime(); err == nil {
+			p.LaunchedAt = proc.StartTime(boot, st.StartTicks)
+		}
+		*rec = p
+		return true, pendingFound(rec, ""), nil
+	}
+	return voidPending(rec)
+}
+
+// pendingFound is the record update of a pending launch found running (in container,
+// "" on the host).
+func pendingFound(rec *serverRecord, container string) *agent.RecordUpdate {
+	where := ""
+	if container != "" {
+		where = " in container " + container
+	}
+	return agent.SaveRecord(rec, fmt.Sprintf("adopting the launch of generation %d (pid %d%s), which an agent that stopped before recording it left pending",
+		rec.Generation, rec.PID, where))
+}
+
+// voidPending forgets a pending launch whose process was not found: the record as it
+// was before it, or none. It returns whether a record remains.
+func voidPending(rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+	why := fmt.Sprintf("the pending launch of generation %d never started", rec.Pending.Generation)
+	rec.Pending = nil
+	if rec.PID == 0 {
+		return false, agent.DeleteRecord(why), nil
+	}
+	return true, agent.SaveRecord(rec, why), nil
+}
+
+// errNoInstance is wrapped when the server's container does not exist (yet).
+var errNoInstance = errors.New("container does not exist")
+
+// errNoEndpoint is wrapped when the agent cannot reach the server's port in its
+// container; the lifecycle is returned with it, good for everything but HTTP.
+var errNoEndpoint = errors.New("server port unreachable from the agent")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/proc"
+	"github.com/agent-dev/agent/resources"
 )
 
 var _ agent.Watcher = (*Server)(nil)
@@ -30,7 +31,7 @@ const WatchProbeEvery = 5 * time.Second
 // reused PID can never look alive. A server in a container is watched the same way: the
 // record holds its host PID, and the container's processes are the host's; one in a
 // container on another cluster member is looked at inside through Incus every
-// RemoteWatchEvery (server_remote.go). With no
+// RemoteWatchEvery (below). With no
 // recorded process (never launched, a launch in flight) there is nothing to watch.
 //
 // A server last observed ready, verified, that has a ready.http probe is also probed
@@ -164,6 +165,40 @@ func pollExit(ctx context.Context, pidfd int) error {
 		}
 		if fds[1].Revents != 0 {
 			return ctx.Err()
+		}
+	}
+}
+
+// RemoteWatchEvery is how often the watch of a server in a container on another
+// cluster member looks at its process (an exec inside through Incus: no pidfd reaches
+// another kernel), so that its death is noticed within about this long.
+const RemoteWatchEvery = time.Second
+
+// watchRecord blocks until rec's process exits (nil) or ctx ends: by pidfd for a host
+// PID (watchProcess), by a look inside every RemoteWatchEvery for a PID of a container
+// on another member.
+func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRecord) error {
+	name, ok := cutIncusPlace(rec.Place)
+	if rec.PIDNS == "" || !ok {
+		return watchProcess(ctx, s.host.Proc, rec.id())
+	}
+	// The member holding the instance is watched too: one whose incusd hangs answers
+	// no look inside, and the process would read as alive until the next resync.
+	r := s.incusRunner(env, name)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited, down := make(chan error, 1), make(chan error, 1)
+	go func() { exited <- r.WatchRemote(ctx, rec.PIDNS, rec.id(), RemoteWatchEvery) }()
+	go func() { down <- resources.WatchMember(ctx, env, r.Client, name) }()
+	for {
+		select {
+		case err := <-exited:
+			return err
+		case err := <-down:
+			if !errors.Is(err, agent.ErrNothingToWatch) {
+				return err
+			}
+			down = nil // on no cluster member: the process alone
 		}
 	}
 }
