@@ -72,7 +72,7 @@ type portHolding struct {
 // as it runs now (liveView).
 func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observation, error) {
 	s = s.liveView(env)
-	o := &observation{now: env.Now(), loop: env.Loop, fits: true}
+	o := &observation{loop: env.Loop, fits: true}
 	rec := &o.rec
 	has, err := env.State.Load(rec)
 	if err != nil {
@@ -115,6 +115,7 @@ func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observa
 		_, o.said = env.Memory.Load(heldKey(env.Addr, r))
 	}
 	s.observeProcess(ctx, env, lc, o)
+	o.now = env.Now() // after the probes, as a judgement of them reads the clock
 	if s.mayLaunch(o) {
 		var prev *serverRecord
 		if has {
