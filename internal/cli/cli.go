@@ -71,6 +71,7 @@ PLAN is a *.hcl file or a directory of them. Flags may come before or after PLAN
   --allow-delete-all   let an apply delete every server the agent manages when the plan keeps none
   --smoke              run each server's smoke test now (status; a real completion on the server)
   --fleet              every host of the fleet and its rollouts, from etcd (status; agent { coordination })
+  --hosts ADDR,...     with --fleet: when etcd cannot be read, each agent's own /status at its metrics_listen
   --log-level LEVEL    debug, info, warn (default; info for run), error; logs go to stderr
 
 Run 'agent COMMAND --help' for a command's flags and an example.
@@ -137,6 +138,7 @@ type options struct {
 	allowDelAll   bool
 	smoke         bool
 	fleet         bool
+	hosts         string
 	out           string
 }
 
@@ -213,6 +215,7 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 	if cmd == "status" {
 		fs.BoolVar(&o.smoke, "smoke", false, "run each server's smoke test now (a real completion)")
 		fs.BoolVar(&o.fleet, "fleet", false, "every host of the fleet, from etcd (agent { coordination })")
+		fs.StringVar(&o.hosts, "hosts", "", "`ADDR,...`: with --fleet, when etcd cannot be read, ask each agent's own /status at these metrics_listen addresses")
 	}
 	return fs
 }
@@ -329,7 +332,7 @@ func (inv *invocation) fail(err error) int {
 func (inv *invocation) execute(ctx context.Context) int {
 	cmd, o, p := inv.cmd, inv.o, inv.p
 	if cmd == "status" && o.fleet {
-		return fleetStatus(ctx, p, o.json, inv.stdout, inv.stderr, inv.red)
+		return fleetStatus(ctx, p, o.json, splitList(o.hosts), inv.stdout, inv.stderr, inv.red)
 	}
 	dir := o.stateDir
 	if dir == "" {

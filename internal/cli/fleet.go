@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
@@ -36,13 +37,24 @@ func fleetRollouts(p *plans.Plan, store *state.Store, log *slog.Logger) (*agent.
 
 // fleetStatus is `agent status --fleet`: every host of the fleet, its resources' health
 // and the rollouts in flight, from etcd alone. Exit 0 when every host is reachable and
-// healthy and no rollout stopped, 3 otherwise, 1 when etcd cannot be read.
-func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr io.Writer, red *view.Redactor) int {
+// healthy and no rollout stopped, 3 otherwise, 1 when etcd cannot be read (then, with
+// --hosts, each agent's own /status is shown instead, or why it cannot be read).
+func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, agents []string, stdout, stderr io.Writer, red *view.Redactor) int {
 	fail := func(msg string) int {
+		var st *fleet.Status
+		if len(agents) > 0 && p.Agent.Coordination != nil {
+			st = &fleet.Status{Prefix: p.Agent.Coordination.Prefix, Hosts: fleet.FromAgents(ctx, agents, red), Rollouts: []coord.Group{}}
+		} else if p.Agent.Coordination != nil {
+			msg += "; name the agents' metrics_listen addresses with --hosts ADDR,... to read each one's own /status"
+		}
 		if asJSON {
-			view.WriteJSON(stdout, &fleet.Document{JSONOutput: view.ErrorJSON("status", red.String(msg))})
-		} else {
-			fmt.Fprintf(stderr, "agent status: %s\n", red.String(msg))
+			view.WriteJSON(stdout, &fleet.Document{JSONOutput: view.ErrorJSON("status", red.String(msg)), Fleet: st})
+			return ExitError
+		}
+		fmt.Fprintf(stderr, "agent status: %s\n", red.String(msg))
+		if st != nil {
+			fmt.Fprintf(stdout, "etcd cannot be read: each agent's last summary from its own /status (no rollout shown):\n")
+			writeHosts(stdout, st, time.Now())
 		}
 		return ExitError
 	}
@@ -75,6 +87,17 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, stdout, stderr
 	return ExitOK
 }
 
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // writeFleet prints the fleet for people: one line per host, then the rollouts.
 func writeFleet(w io.Writer, st *fleet.Status, now time.Time) {
 	down := 0
@@ -88,6 +111,27 @@ func writeFleet(w io.Writer, st *fleet.Status, now time.Time) {
 		fmt.Fprintf(w, ", %d unreachable", down)
 	}
 	fmt.Fprintln(w)
+	writeHosts(w, st, now)
+	if st.Epoch != nil {
+		fmt.Fprintf(w, "New epoch: %s\n", st.Epoch.Error())
+	}
+	if len(st.Rollouts) == 0 {
+		fmt.Fprintln(w, "No rollout in flight.")
+		return
+	}
+	fmt.Fprintln(w, "Rollouts in flight:")
+	for _, g := range st.Rollouts {
+		if g.Stop != nil {
+			fmt.Fprintf(w, "  %s: stopped since %s: %s failed on %s: %s\n", g.Name, g.Stop.Since.UTC().Format(time.RFC3339), g.Stop.Member, g.Stop.Host, firstLine(g.Stop.Reason))
+		}
+		for _, p := range g.Permits {
+			fmt.Fprintf(w, "  %s: %s since %s (permit revision %d)\n", g.Name, p, p.Since.UTC().Format(time.RFC3339), p.Revision)
+		}
+	}
+}
+
+// writeHosts prints one line per host.
+func writeHosts(w io.Writer, st *fleet.Status, now time.Time) {
 	width := 0
 	for _, h := range st.Hosts {
 		width = max(width, len(h.Host))
@@ -115,25 +159,16 @@ func writeFleet(w io.Writer, st *fleet.Status, now time.Time) {
 		}
 		state := "healthy"
 		switch {
+		case h.Error != "":
+			state, health = "cannot read its /status", h.Error
+		case h.From != "":
+			state = "last known from " + h.From
 		case !h.Reachable:
 			state = fmt.Sprintf("unreachable since %s (%s ago; lease lapsed), last known", h.Updated.UTC().Format(time.RFC3339), now.Sub(h.Updated).Round(time.Second))
 		case h.Summary == nil || !h.Summary.Healthy:
 			state = "degraded"
 		}
 		fmt.Fprintf(w, "  %-*s  %s: %s\n", width, h.Host, state, health)
-	}
-	if len(st.Rollouts) == 0 {
-		fmt.Fprintln(w, "No rollout in flight.")
-		return
-	}
-	fmt.Fprintln(w, "Rollouts in flight:")
-	for _, g := range st.Rollouts {
-		if g.Stop != nil {
-			fmt.Fprintf(w, "  %s: stopped since %s: %s failed on %s: %s\n", g.Name, g.Stop.Since.UTC().Format(time.RFC3339), g.Stop.Member, g.Stop.Host, firstLine(g.Stop.Reason))
-		}
-		for _, p := range g.Permits {
-			fmt.Fprintf(w, "  %s: %s since %s (permit revision %d)\n", g.Name, p, p.Since.UTC().Format(time.RFC3339), p.Revision)
-		}
 	}
 }
 

@@ -30,17 +30,12 @@ import (
 	"log/slog"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
-	"github.com/agent-dev/agent/internal/atomicfile"
 )
 
 // Config is how to reach the fleet's etcd and what this agent is called there.
@@ -88,11 +83,22 @@ type Client struct {
 	lease      clientv3.LeaseID
 	validUntil time.Time // conservative: the renewal's send time plus the TTL
 	leaseErr   error     // the last renewal's error
-	generation int       // counts leases granted: a new one means the old keys are gone
+	generation int       // counts leases granted and epochs: a new one means the old keys are gone
 	revs       map[string]int64
 	changed    chan struct{}
-	// announced is the lease state last logged and signalled.
+	// announced is the lease state last logged and signalled; liveSince is when it last
+	// became live (published as the host entry's Connected).
 	announced bool
+	liveSince time.Time
+	// The epoch (session.go): etcd's cluster ID and the highest revision renew saw, the
+	// last renewal's send time, and whether this process published its entry.
+	clusterID uint64
+	maxRev    int64
+	renewedAt time.Time
+	published bool
+	// kick renews at once (the connection came back); rewatch restarts the watch (etcd
+	// lost its state: the watch's next revision may never come).
+	kick, rewatch chan struct{}
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -131,14 +137,7 @@ func Open(cfg Config) (*Client, error) {
 		}
 		tlsc = c
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            cfg.Endpoints,
-		TLS:                  tlsc,
-		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    5 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		Logger:               zap.NewNop(),
-	})
+	cli, err := clientv3.New(dialConfig(cfg.Endpoints, tlsc, cfg.Lease))
 	if err != nil {
 		return nil, fmt.Errorf("coordination: etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
@@ -148,7 +147,8 @@ func Open(cfg Config) (*Client, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, cli: cli, ttl: int64((cfg.Lease + time.Second - 1) / time.Second), log: log,
-		revs: map[string]int64{}, changed: make(chan struct{}), stop: stop, done: make(chan struct{})}
+		revs: map[string]int64{}, changed: make(chan struct{}), stop: stop, done: make(chan struct{}),
+		kick: make(chan struct{}, 1), rewatch: make(chan struct{}, 1)}
 	if cfg.ReadOnly {
 		close(c.done)
 		return c, nil
@@ -198,186 +198,21 @@ func (c *Client) signal() {
 	c.changed = make(chan struct{})
 }
 
-// LeaseState says whether the lease is live: its ID, until when it surely is, the
-// number of leases granted so far (a new one means the old one's keys are gone), and
-// why not when it is not.
-func (c *Client) LeaseState() (id int64, until time.Time, generation int, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.lease == 0 || !time.Now().Before(c.validUntil) {
-		err = ErrNoLease
-		if c.leaseErr != nil {
-			err = fmt.Errorf("%w: %v", ErrNoLease, c.leaseErr)
-		}
-		return int64(c.lease), c.validUntil, c.generation, err
-	}
-	return int64(c.lease), c.validUntil, c.generation, nil
-}
-
-// live returns the lease to bind keys to, refused when it may lapse within margin: a
-// permit must not be taken by an agent that may already be cut off.
-func (c *Client) live(margin time.Duration) (clientv3.LeaseID, error) {
-	id, until, _, err := c.LeaseState()
-	if err != nil {
-		return 0, err
-	}
-	if time.Until(until) < margin {
-		return 0, fmt.Errorf("%w: it was last renewed %s ago and lapses in %s", ErrNoLease,
-			(c.TTL() - time.Until(until)).Round(time.Millisecond), time.Until(until).Round(time.Millisecond))
-	}
-	return clientv3.LeaseID(id), nil
-}
-
-// margin is how much of its TTL a lease must have left for a new permit: a third, as the
-// renewal runs every third.
-func (c *Client) margin() time.Duration { return c.TTL() / 3 }
-
-// run renews the lease every third of its TTL (at once after a failure, every half
-// second) and watches the rollouts until Close.
-func (c *Client) run(ctx context.Context) {
-	defer close(c.done)
-	go c.watch(ctx)
-	for {
-		wait := c.TTL() / 3
-		if !c.renew(ctx) {
-			wait = 500 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-	}
-}
-
-// renew grants the lease or keeps it alive; it reports whether the lease is live.
-func (c *Client) renew(ctx context.Context) bool {
-	c.mu.Lock()
-	id := c.lease
-	c.mu.Unlock()
-	sent := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, c.TTL()/3)
-	defer cancel()
-	var ttl int64
-	var err error
-	if id != 0 {
-		var resp *clientv3.LeaseKeepAliveResponse
-		resp, err = c.cli.KeepAliveOnce(rctx, id)
-		if err == nil {
-			ttl = resp.TTL
-		}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			c.log.Warn("coordination: the etcd lease expired; its permits and status entry are gone, granting a new one", "lease", fmt.Sprintf("%x", id))
-			id = 0
-		}
-	}
-	granted := false
-	if id == 0 && ctx.Err() == nil && c.generation == 0 {
-		if old := c.recordedLease(); old != 0 {
-			if resp, kerr := c.cli.KeepAliveOnce(rctx, old); kerr == nil && resp.TTL > 0 {
-				id, ttl, granted, err = old, resp.TTL, true, nil
-				c.log.Info("coordination: kept the lease of this host's previous process", "lease", fmt.Sprintf("%x", old))
-			}
-		}
-	}
-	if id == 0 && ctx.Err() == nil {
-		sent = time.Now()
-		var resp *clientv3.LeaseGrantResponse
-		resp, err = c.cli.Grant(rctx, c.ttl)
-		if err == nil {
-			id, ttl, granted = resp.ID, resp.TTL, true
-			c.recordLease(id)
-		}
-	}
-	c.mu.Lock()
-	if granted {
-		c.lease = id
-		c.generation++
-		c.revs = map[string]int64{}
-	} else if id == 0 {
-		c.lease = 0
-	}
-	if err == nil && ttl > 0 {
-		c.validUntil, c.leaseErr = sent.Add(time.Duration(ttl)*time.Second), nil
-	} else if err != nil {
-		c.leaseErr = err
-	}
-	live := c.lease != 0 && time.Now().Before(c.validUntil)
-	wasLive := c.announced
-	c.announced = live
-	c.mu.Unlock()
-	if live != wasLive || granted {
-		if live {
-			c.log.Info("coordination: etcd lease live", "lease", fmt.Sprintf("%x", id), "ttl", c.TTL())
-		} else if ctx.Err() == nil {
-			c.log.Warn("coordination: etcd lease lapsed: no new disruption starts until it is back", "error", err)
-		}
-		c.signal()
-	}
-	return live
-}
-
-// recordedLease is the lease ID LeaseFile keeps (0: none).
-func (c *Client) recordedLease() clientv3.LeaseID {
-	if c.cfg.LeaseFile == "" {
-		return 0
-	}
-	b, err := os.ReadFile(c.cfg.LeaseFile)
-	if err != nil {
-		return 0
-	}
-	id, err := strconv.ParseInt(strings.TrimSpace(string(b)), 16, 64)
-	if err != nil {
-		return 0
-	}
-	return clientv3.LeaseID(id)
-}
-
-// recordLease keeps a new lease's ID in LeaseFile (best effort: without it a restart
-// only takes a new lease).
-func (c *Client) recordLease(id clientv3.LeaseID) {
-	if c.cfg.LeaseFile == "" {
-		return
-	}
-	if err := atomicfile.WriteFile(c.cfg.LeaseFile, []byte(fmt.Sprintf("%x\n", int64(id))), 0o600); err != nil {
-		c.log.Warn("coordination: recording the lease", "error", err)
-	}
-}
-
-// watch signals Changed on every change under the rollouts, re-watching when etcd
-// cancels the watch (a compaction, an outage).
-func (c *Client) watch(ctx context.Context) {
-	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for resp := range c.cli.Watch(wctx, c.cfg.Prefix+"/rollouts/", clientv3.WithPrefix()) {
-			if resp.Err() != nil {
-				break
-			}
-			if len(resp.Events) > 0 {
-				c.signal()
-			}
-		}
-		cancel()
-		select {
-		case <-ctx.Done():
-		case <-time.After(500 * time.Millisecond):
-			c.signal() // what happened meanwhile was not seen
-		}
-	}
-}
-
 // HostEntry is a host's published status summary.
 type HostEntry struct {
 	Host string `json:"host"`
 	// Live: its lease runs. Otherwise the entry is its last summary, from Updated.
-	Live    bool            `json:"live"`
-	Updated time.Time       `json:"updated"`
-	Summary json.RawMessage `json:"summary"`
+	Live    bool      `json:"live"`
+	Updated time.Time `json:"updated"`
+	// Connected is when its lease last became live (zero: not said).
+	Connected time.Time       `json:"connected"`
+	Summary   json.RawMessage `json:"summary"`
 }
 
 type lastEntry struct {
-	Updated time.Time       `json:"updated"`
-	Summary json.RawMessage `json:"summary"`
+	Updated   time.Time       `json:"updated"`
+	Connected time.Time       `json:"connected,omitzero"`
+	Summary   json.RawMessage `json:"summary"`
 }
 
 // Publish writes this host's status summary: under hosts/ bound to the lease (it goes
@@ -388,7 +223,7 @@ func (c *Client) Publish(ctx context.Context, summary json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	val := c.encode(lastEntry{Updated: time.Now().UTC(), Summary: summary})
+	val := c.encode(lastEntry{Updated: time.Now().UTC(), Connected: c.LiveSince().UTC(), Summary: summary})
 	_, err = c.cli.Txn(ctx).Then(
 		clientv3.OpPut(c.cfg.Prefix+"/hosts/"+c.cfg.Host, val, clientv3.WithLease(lease)),
 		clientv3.OpPut(c.cfg.Prefix+"/last/"+c.cfg.Host, val),
@@ -396,6 +231,9 @@ func (c *Client) Publish(ctx context.Context, summary json.RawMessage) error {
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
+	c.mu.Lock()
+	c.published = true // its last/ entry gone is a sign that etcd lost its state
+	c.mu.Unlock()
 	return nil
 }
 
@@ -415,7 +253,7 @@ func (c *Client) Hosts(ctx context.Context) ([]HostEntry, error) {
 				continue
 			}
 			h := strings.TrimPrefix(string(kv.Key), base)
-			out[h] = &HostEntry{Host: h, Live: part == "/hosts/", Updated: e.Updated, Summary: e.Summary}
+			out[h] = &HostEntry{Host: h, Live: part == "/hosts/", Updated: e.Updated, Connected: e.Connected, Summary: e.Summary}
 		}
 	}
 	var list []HostEntry

@@ -25,6 +25,12 @@ type Permit struct {
 	Action string    `json:"action"`
 	Why    string    `json:"why"`
 	Since  time.Time `json:"since"`
+	// Confirmed is when its host last wrote it (Acquire, Hold): a host whose lease became
+	// live again after that (etcd returned) has not confirmed it since.
+	Confirmed time.Time `json:"confirmed"`
+	// Unconfirmed is set by the fleet's view: its host's lease became live again after
+	// Confirmed, and the host has not written it since.
+	Unconfirmed bool `json:"unconfirmed"`
 	// Revision is the permit's create revision: its fencing token.
 	Revision int64 `json:"revision"`
 }
@@ -43,6 +49,9 @@ func (p Permit) String() string {
 		what = p.Why
 	case p.Action != "":
 		what = p.Action + " not verified yet"
+	}
+	if p.Unconfirmed {
+		what += "; unconfirmed since etcd returned"
 	}
 	return fmt.Sprintf("%s on %s (%s)", p.Member, p.Host, what)
 }
@@ -86,8 +95,8 @@ func (c *Client) permitKey(group, member string) string {
 // than slots members of the group's other permits exist (the caller has already counted
 // what it knows itself: slots is what is left) and the group is not stopped. A member
 // that already holds a permit keeps it. It returns the permit's revision, a *Refusal, or
-// the error that kept it from asking (ErrNoLease, etcd unreachable): only a nil error
-// allows the disruption.
+// the error that kept it from asking (ErrNoLease, an *Epoch fence, etcd unreachable):
+// only a nil error allows the disruption.
 func (c *Client) Acquire(ctx context.Context, group, member, action string, slots int) (int64, error) {
 	key := c.permitKey(group, member)
 	for attempt := 0; ; attempt++ {
@@ -123,10 +132,12 @@ func (c *Client) Acquire(ctx context.Context, group, member, action string, slot
 		if len(holders) >= slots {
 			return 0, &Refusal{Group: group, Slots: slots, Holders: holders}
 		}
-		val := c.encode(Permit{Group: group, Host: c.cfg.Host, Member: member, State: Disrupting, Action: action, Since: time.Now().UTC()})
+		now := time.Now().UTC()
+		val := c.encode(Permit{Group: group, Host: c.cfg.Host, Member: member, State: Disrupting, Action: action, Since: now, Confirmed: now})
 		tx, err := c.cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.ModRevision(c.guardKey(group)), "=", guardRev),
 			clientv3.Compare(clientv3.ModRevision(c.stopKey(group)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(c.fenceKey()), "=", 0), // no new epoch's fence
 		).Then(
 			clientv3.OpPut(key, val, clientv3.WithLease(lease)),
 			clientv3.OpPut(c.guardKey(group), member+"@"+c.cfg.Host),
@@ -137,6 +148,12 @@ func (c *Client) Acquire(ctx context.Context, group, member, action string, slot
 		}
 		if tx.Succeeded {
 			return c.track(key, tx), nil
+		}
+		if e, err := c.Fence(ctx); err != nil || e != nil {
+			if err != nil {
+				return 0, err
+			}
+			return 0, e
 		}
 		if attempt >= 20 {
 			return 0, errors.New("etcd: the group's permits kept changing during 20 attempts")
@@ -184,7 +201,8 @@ func (c *Client) Hold(ctx context.Context, group, member, state, action, why str
 		return err
 	}
 	key := c.permitKey(group, member)
-	val := c.encode(Permit{Group: group, Host: c.cfg.Host, Member: member, State: state, Action: action, Why: why, Since: time.Now().UTC()})
+	now := time.Now().UTC()
+	val := c.encode(Permit{Group: group, Host: c.cfg.Host, Member: member, State: state, Action: action, Why: why, Since: now, Confirmed: now})
 	tx, err := c.cli.Txn(ctx).Then(
 		clientv3.OpPut(key, val, clientv3.WithLease(lease)),
 		clientv3.OpPut(c.guardKey(group), member+"@"+c.cfg.Host),

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,23 +19,27 @@ import (
 )
 
 // Permits is a rollout permit source over etcd. Take asks etcd at once (a disruption
-// needs its yes); marks, failures and releases are applied in the background, retried
-// until etcd answers and written again under each new lease, so that an observation never
-// waits on etcd and an outage loses nothing.
+// needs its yes), and only once this host's own marks are written; marks, failures and
+// releases are applied in the background, retried until etcd answers (a release and a
+// failure need no lease: they go as soon as etcd answers) and written again under each new
+// lease or epoch and whenever the lease becomes live again (which confirms them), so that
+// an observation never waits on etcd and an outage, even one that lost etcd's data, loses
+// nothing.
 type Permits struct {
 	c   *coord.Client
 	log *slog.Logger
 
 	mu sync.Mutex
 	// want is what etcd should say of each of this host's members; have is what it
-	// says under lease generation gen.
+	// says under lease generation gen, written since the lease became live at since.
 	want, have map[string]mark
 	gen        int
+	since      time.Time
 	// fails are stops to write; stops are the stops this host caused, lifted when
-	// their member is released; stale are permits an earlier process of this host
-	// left, deleted when their member is found healthy.
+	// their member is released (and written again in a new epoch); stale are permits
+	// an earlier process of this host left, deleted when their member is found healthy.
 	fails map[string]mark
-	stops map[string]string
+	stops map[string]mark
 	stale map[string]string
 	// ok are the members released (found healthy) since their last mark.
 	ok map[string]bool
@@ -57,17 +63,22 @@ func NewPermits(c *coord.Client, log *slog.Logger) *Permits {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Permits{c: c, log: log, want: map[string]mark{}, have: map[string]mark{}, fails: map[string]mark{},
-		stops: map[string]string{}, stale: map[string]string{}, ok: map[string]bool{}, kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+		stops: map[string]mark{}, stale: map[string]string{}, ok: map[string]bool{}, kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	go p.run(ctx)
 	return p
 }
 
 var _ agent.PermitSource = (*Permits)(nil)
 
-// Take asks etcd for addr's permit (at most 10 s).
+// Take asks etcd for addr's permit (at most 10 s), once this host's other marks are
+// written under the current lease: the others must count what this host has down or in
+// flight before it asks for more.
 func (p *Permits) Take(ctx context.Context, group, addr, action string, slots int) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if err := p.awaitWritten(ctx, addr); err != nil {
+		return err
+	}
 	_, err := p.c.Acquire(ctx, group, addr, action, slots)
 	var ref *coord.Refusal
 	switch {
@@ -93,6 +104,54 @@ func (p *Permits) Take(ctx context.Context, group, addr, action string, slots in
 		return out
 	}
 	return fmt.Errorf("etcd: %w", err)
+}
+
+// awaitWritten waits, within ctx, until etcd has this host's own marks (other than
+// addr's) under the current lease: the background writer is poked, not bypassed.
+func (p *Permits) awaitWritten(ctx context.Context, addr string) error {
+	for {
+		err := p.unwritten(addr)
+		if err == nil || errors.Is(err, coord.ErrNoLease) {
+			return err
+		}
+		p.poke()
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// unwritten says which of this host's marks (other than addr's) etcd does not have under
+// the current lease yet (nil: none).
+func (p *Permits) unwritten(addr string) error {
+	_, _, gen, err := p.c.LeaseState()
+	if err != nil {
+		return err
+	}
+	since := p.c.LiveSince()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.loaded {
+		return errors.New("this host's permits are not read from etcd yet")
+	}
+	var left []string
+	for a, m := range p.want {
+		if a != addr && (gen != p.gen || since != p.since || p.have[a] != m) {
+			left = append(left, a)
+		}
+	}
+	for a, m := range p.fails {
+		if a != addr {
+			left = append(left, a+" (failed, "+m.group+")")
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	sort.Strings(left)
+	return fmt.Errorf("this host's own marks are not written to etcd yet: %s", strings.Join(left, ", "))
 }
 
 // Mark records addr as unavailable for the others: down, or still disrupted (a permit
@@ -157,11 +216,14 @@ func (p *Permits) dropUnkept() {
 	if p.kept == nil {
 		return
 	}
-	for _, set := range []map[string]string{p.stale, p.stops} {
-		for a := range set {
-			if !p.kept[a] {
-				p.ok[a] = true
-			}
+	for a := range p.stale {
+		if !p.kept[a] {
+			p.ok[a] = true
+		}
+	}
+	for a := range p.stops {
+		if !p.kept[a] {
+			p.ok[a] = true
 		}
 	}
 	for a := range p.want {
@@ -218,12 +280,13 @@ func (p *Permits) run(ctx context.Context) {
 	}
 }
 
-// sync writes one round of differences; it reports whether some are left.
+// sync writes one round of differences; it reports whether some are left. Releases and
+// failures go whenever etcd answers; marks need the lease, and are all written again
+// under a new lease or epoch (the old keys are gone) and when the lease became live again
+// (it confirms them: etcd may have returned).
 func (p *Permits) sync(ctx context.Context) bool {
-	_, _, gen, err := p.c.LeaseState()
-	if err != nil {
-		return true
-	}
+	_, _, gen, leaseErr := p.c.LeaseState()
+	since := p.c.LiveSince()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if !p.loaded {
@@ -233,20 +296,49 @@ func (p *Permits) sync(ctx context.Context) bool {
 		}
 	}
 	p.mu.Lock()
-	if gen != p.gen {
-		p.gen, p.have = gen, map[string]mark{} // a new lease: the old one's keys are gone
+	if leaseErr == nil && gen != p.gen {
+		// A new lease or epoch: the old one's keys are gone, and the stops this host
+		// caused may be too (an epoch): write them again.
+		for a, m := range p.stops {
+			if _, ok := p.fails[a]; !ok && !p.released(a) {
+				p.fails[a] = m
+			}
+		}
+		p.gen, p.have = gen, map[string]mark{}
 	}
-	type op struct {
-		addr string
-		m    mark
-		kind string
+	if leaseErr == nil && since != p.since {
+		// Confirm every mark; what is written and no longer wanted stays in have, to
+		// be released.
+		p.since = since
+		for a := range p.want {
+			delete(p.have, a)
+		}
 	}
+	ops := p.diff(leaseErr == nil)
+	left := leaseErr != nil && len(p.want) > 0
+	p.mu.Unlock()
+	for _, o := range ops {
+		if !p.apply(ctx, o, gen) {
+			left = true
+		}
+	}
+	return left
+}
+
+type op struct {
+	addr string
+	m    mark
+	kind string
+}
+
+// diff lists what etcd lacks (under p.mu); marks only with a live lease.
+func (p *Permits) diff(live bool) []op {
 	var ops []op
 	for a, m := range p.fails {
 		ops = append(ops, op{a, m, "fail"})
 	}
 	for a, m := range p.want {
-		if p.have[a] != m {
+		if live && p.have[a] != m {
 			ops = append(ops, op{a, m, "hold"})
 		}
 	}
@@ -262,50 +354,50 @@ func (p *Permits) sync(ctx context.Context) bool {
 			}
 		}
 	}
-	for a, g := range p.stops {
+	for a, m := range p.stops {
 		if _, ok := p.want[a]; !ok && p.released(a) {
-			ops = append(ops, op{a, mark{group: g}, "unstop"})
+			ops = append(ops, op{a, m, "unstop"})
 		}
 	}
-	p.mu.Unlock()
-	left := false
-	for _, o := range ops {
-		var err error
-		switch o.kind {
-		case "fail":
-			err = p.c.Fail(ctx, o.m.group, o.addr, o.m.why)
-		case "hold":
-			err = p.c.Hold(ctx, o.m.group, o.addr, o.m.state, o.m.action, o.m.why)
-		case "release":
-			err = p.c.Release(ctx, o.m.group, o.addr)
-		case "unstop":
-			err = p.c.Unstop(ctx, o.m.group, o.addr)
-		}
-		if err != nil {
-			left = true
-			continue
-		}
-		p.mu.Lock()
-		switch o.kind {
-		case "fail":
-			if p.fails[o.addr] == o.m {
-				delete(p.fails, o.addr)
-			}
-			p.stops[o.addr] = o.m.group
-		case "hold":
-			if p.gen == gen {
-				p.have[o.addr] = o.m
-			}
-			delete(p.stale, o.addr)
-		case "release":
-			delete(p.have, o.addr)
-			delete(p.stale, o.addr)
-		case "unstop":
-			delete(p.stops, o.addr)
-		}
-		p.mu.Unlock()
+	return ops
+}
+
+// apply writes one difference; it reports whether etcd took it.
+func (p *Permits) apply(ctx context.Context, o op, gen int) bool {
+	var err error
+	switch o.kind {
+	case "fail":
+		err = p.c.Fail(ctx, o.m.group, o.addr, o.m.why)
+	case "hold":
+		err = p.c.Hold(ctx, o.m.group, o.addr, o.m.state, o.m.action, o.m.why)
+	case "release":
+		err = p.c.Release(ctx, o.m.group, o.addr)
+	case "unstop":
+		err = p.c.Unstop(ctx, o.m.group, o.addr)
 	}
-	return left
+	if err != nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch o.kind {
+	case "fail":
+		if p.fails[o.addr] == o.m {
+			delete(p.fails, o.addr)
+		}
+		p.stops[o.addr] = o.m
+	case "hold":
+		if p.gen == gen {
+			p.have[o.addr] = o.m
+		}
+		delete(p.stale, o.addr)
+	case "release":
+		delete(p.have, o.addr)
+		delete(p.stale, o.addr)
+	case "unstop":
+		delete(p.stops, o.addr)
+	}
+	return true
 }
 
 // released reports whether addr was released since this process started: only then is
@@ -332,7 +424,7 @@ func (p *Permits) load(ctx context.Context) error {
 			}
 		}
 		if g.Stop != nil && g.Stop.Host == p.c.Host() {
-			p.stops[g.Stop.Member] = g.Name
+			p.stops[g.Stop.Member] = mark{group: g.Name, why: g.Stop.Reason}
 		}
 	}
 	p.dropUnkept()

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -106,6 +110,9 @@ type Status struct {
 	Prefix   string        `json:"prefix"`
 	Hosts    []HostStatus  `json:"hosts"`
 	Rollouts []coord.Group `json:"rollouts"`
+	// Epoch is the fence of a new epoch (etcd lost its state): no new permit until it
+	// expires. Nil when none.
+	Epoch *coord.Epoch `json:"epoch,omitempty"`
 }
 
 // HostStatus is one host: its last summary, and whether its lease still runs.
@@ -116,6 +123,10 @@ type HostStatus struct {
 	// not been heard from.
 	Updated time.Time `json:"updated"`
 	Summary *Summary  `json:"summary"`
+	// From says where the summary was read when etcd could not be (`--hosts`): the
+	// agent's own /status at an address; "" for etcd. Error is why it could not be.
+	From  string `json:"from,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // Read reads the fleet's hosts and rollouts.
@@ -128,10 +139,15 @@ func Read(ctx context.Context, c *coord.Client) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{Prefix: c.Prefix(), Hosts: []HostStatus{}, Rollouts: groups}
+	epoch, err := c.Fence(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{Prefix: c.Prefix(), Hosts: []HostStatus{}, Rollouts: groups, Epoch: epoch}
 	if st.Rollouts == nil {
 		st.Rollouts = []coord.Group{}
 	}
+	markUnconfirmed(hosts, st.Rollouts)
 	for _, h := range hosts {
 		hs := HostStatus{Host: h.Host, Reachable: h.Live, Updated: h.Updated}
 		var s Summary
@@ -141,6 +157,85 @@ func Read(ctx context.Context, c *coord.Client) (*Status, error) {
 		st.Hosts = append(st.Hosts, hs)
 	}
 	return st, nil
+}
+
+// markUnconfirmed flags the permits whose host's lease became live again (etcd returned,
+// or the host was cut off) after the host last wrote them: until it writes them again
+// (at once, if they still hold) they may be stale (a member converged meanwhile whose
+// release has not reached etcd yet).
+func markUnconfirmed(hosts []coord.HostEntry, groups []coord.Group) {
+	connected := map[string]time.Time{}
+	for _, h := range hosts {
+		if h.Live && !h.Connected.IsZero() {
+			connected[h.Host] = h.Connected
+		}
+	}
+	for gi := range groups {
+		for pi := range groups[gi].Permits {
+			pm := &groups[gi].Permits[pi]
+			if at, ok := connected[pm.Host]; ok && pm.Confirmed.Before(at) {
+				pm.Unconfirmed = true
+			}
+		}
+	}
+}
+
+// FromAgents reads each agent's own /status at addrs (their metrics_listen addresses, at
+// most 5 s): `agent status --fleet --hosts` when etcd cannot be read. A host is named by
+// its address; an agent that does not answer has Error.
+func FromAgents(ctx context.Context, addrs []string, red *view.Redactor) []HostStatus {
+	out := make([]HostStatus, len(addrs))
+	var wg sync.WaitGroup
+	for i, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = fromAgent(ctx, a, red)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func fromAgent(ctx context.Context, addr string, red *view.Redactor) HostStatus {
+	hs := HostStatus{Host: addr, From: "agent run's /status at " + addr}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	url := addr
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", strings.TrimSuffix(url, "/")+"/status", nil)
+	if err != nil {
+		hs.Error = err.Error()
+		return hs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		hs.Error = fmt.Sprintf("%v (is agent run up there, with metrics_listen on this address?)", err)
+		return hs
+	}
+	defer resp.Body.Close()
+	var doc view.JSONOutput
+	if resp.StatusCode != http.StatusOK {
+		hs.Error = fmt.Sprintf("%s answered %s", addr, resp.Status)
+		return hs
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		hs.Error = fmt.Sprintf("%s: its /status is not a status document: %v", addr, err)
+		return hs
+	}
+	s := Summary{Host: addr, Healthy: doc.OK, Resources: []ResourceSummary{}, Rollouts: []InFlight{}}
+	for _, r := range doc.Resources {
+		rs := ResourceSummary{Address: r.Address, Error: red.String(r.Error)}
+		if r.Status != nil {
+			rs.Healthy, rs.Summary = r.Status.Healthy && r.Error == "", red.String(r.Status.Summary)
+		}
+		s.Healthy = s.Healthy && rs.Healthy
+		s.Resources = append(s.Resources, rs)
+	}
+	hs.Updated, hs.Summary = time.Now().UTC(), &s
+	return hs
 }
 
 // Document is `agent status --fleet --json`: a status document (format_version 3) whose
