@@ -63,6 +63,7 @@ type Member struct {
 	Name      string
 	ClientURL string
 	peerURL   string
+	dataDir   string
 	args      []string
 	log       string
 	cmd       *exec.Cmd
@@ -100,8 +101,9 @@ func Start(tb testing.TB, n int, opts Options) *Cluster {
 	}
 	for _, m := range c.Members {
 		m.log = filepath.Join(dir, m.Name+".log")
+		m.dataDir = filepath.Join(dir, m.Name)
 		m.args = append([]string{bin,
-			"--name", m.Name, "--data-dir", filepath.Join(dir, m.Name),
+			"--name", m.Name, "--data-dir", m.dataDir,
 			"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
 			"--listen-peer-urls", m.peerURL, "--initial-advertise-peer-urls", m.peerURL,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
@@ -174,6 +176,24 @@ func (c *Cluster) RestartAll() {
 		if m.cmd == nil {
 			c.Restart(i)
 		}
+	}
+	c.WaitHealthy()
+}
+
+// RestartAllEmpty kills every member, empties their data directories and starts them
+// again as a new cluster (the same names and URLs): etcd lost its state, as a member on a
+// tmpfs, a replaced one or a restore from an older snapshot does. It waits until the
+// cluster answers.
+func (c *Cluster) RestartAllEmpty() {
+	c.tb.Helper()
+	c.StopAll()
+	for _, m := range c.Members {
+		if err := os.RemoveAll(m.dataDir); err != nil {
+			c.tb.Fatalf("etcdtest: emptying %s: %v", m.dataDir, err)
+		}
+	}
+	for _, m := range c.Members {
+		c.start(m)
 	}
 	c.WaitHealthy()
 }
