@@ -10,15 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-50}
-export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
-log=$(mktemp /tmp/agent-bench-fleet.XXXXXX)
-echo "bench/fleet.sh: $runs rollouts with random kills (full log: $log, agent logs: $log.d)"
-mkdir -p "$log.d"
-if FLEET_LOGS="$log.d" FLEET_RUNS=$runs go test -count=1 -timeout 180m -run '^TestFleetRandomKills$' -v ./test/fleet >"$log" 2>&1; then
-	status=pass
-else
-	status=FAIL
-fi
-grep -E 'sampler:|FLEET RESULT|servers of the group were down' "$log" | sed 's/^ *//'
-echo "bench/fleet.sh: $status"
-[ "$status" = pass ]
+. bench/lib.sh
+echo "bench/fleet.sh: $runs rollouts with random kills"
+gotest_bench fleet TestFleetRandomKills ./test/fleet 'sampler:|FLEET RESULT|servers of the group were down' FLEET_RUNS="$runs"

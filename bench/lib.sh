@@ -35,3 +35,19 @@ until_for() {
 }
 # record FIELD: a field of server.qwen's state record.
 record() { sed -n "s/.*\"$1\": *\"\{0,1\}\([^\",]*\).*/\1/p" "$work/state/resources/server.qwen.json" | head -n1; }
+
+# gotest_bench NAME TEST PKG PATTERN [ENV=VALUE...]: runs one Go test as a bench (its log in
+# a temporary file, the agents' logs beside it through FLEET_LOGS), prints the log's lines
+# matching PATTERN and NAME's verdict, and fails when the test does.
+gotest_bench() {
+	local name=$1 test=$2 pkg=$3 pattern=$4 log status=pass
+	shift 4
+	export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
+	log=$(mktemp "/tmp/agent-bench-$name.XXXXXX")
+	mkdir -p "$log.d"
+	echo "bench/$name.sh: full log $log, agent logs $log.d"
+	env FLEET_LOGS="$log.d" "$@" go test -count=1 -timeout 180m -run "^$test\$" -v "$pkg" >"$log" 2>&1 || status=FAIL
+	grep -E "$pattern" "$log" | sed 's/^ *//' || true
+	echo "bench/$name.sh: $status"
+	[ "$status" = pass ]
+}

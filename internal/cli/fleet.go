@@ -66,9 +66,9 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, agents []strin
 		return fail(err.Error())
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := fleet.Read(ctx, c)
+	st, err := fleet.Read(rctx, c)
 	if err != nil {
 		hint := ""
 		if errors.Is(err, context.DeadlineExceeded) {

@@ -233,15 +233,22 @@ func (c *Client) keepOrGrant(ctx context.Context) renewal {
 			// Kept; a revision lower than one seen still says etcd lost writes (a
 			// restore from an older snapshot that had this lease).
 			r.ttl, r.fresh = resp.TTL, gen == 0
-			if why := c.lostBy(resp.ResponseHeader, seen); why != "" {
-				if r.err = c.fence(ctx, why); r.err != nil {
+			h := resp.ResponseHeader
+			if why := c.lostBy(h, seen); why != "" {
+				// The member that answered may lag behind one that answered before: a
+				// linearizable read says whether etcd's revision really went back.
+				why, h, r.err = c.confirmLost(ctx, seen)
+				if r.err != nil {
 					return r
 				}
-				r.lost = why
-				c.adopt(resp.ResponseHeader, true)
-			} else {
-				c.adopt(resp.ResponseHeader, false)
+				if why != "" {
+					if r.err = c.fence(ctx, why); r.err != nil {
+						return r
+					}
+					r.lost = why
+				}
 			}
+			c.adopt(h, r.lost != "")
 			if r.fresh {
 				c.log.Info("coordination: kept the lease of this host's previous process", "lease", fmt.Sprintf("%x", id))
 			}
@@ -294,6 +301,17 @@ func (c *Client) lostBy(h *etcdserverpb.ResponseHeader, seen int64) string {
 		return fmt.Sprintf("etcd's revision went back from %d to %d", seen, h.Revision)
 	}
 	return ""
+}
+
+// confirmLost reads this host's last/ entry (a linearizable read: its revision is at
+// least any revision etcd had committed before) and says whether it shows that etcd lost
+// its state; h is its header.
+func (c *Client) confirmLost(ctx context.Context, seen int64) (string, *etcdserverpb.ResponseHeader, error) {
+	resp, err := c.cli.Get(ctx, c.cfg.Prefix+"/last/"+c.cfg.Host)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.lostBy(resp.Header, seen), resp.Header, nil
 }
 
 // adopt notes etcd's cluster ID and revision from a response; reset takes them as they

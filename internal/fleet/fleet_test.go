@@ -168,3 +168,64 @@ func TestKeepDropsMembersThatLeftTheGroups(t *testing.T) {
 		t.Error("Held after Keep dropped everything")
 	}
 }
+
+// etcd stopped past the lease and started again with its data: a release made meanwhile
+// reaches etcd within 2 s of etcd answering (it needs no lease), and a mark still held is
+// confirmed again; until a mark is written again after its host's lease came back, the
+// fleet's view calls it unconfirmed.
+func TestReleaseAndConfirmWhenEtcdReturns(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	c, viewer := client(t, cl, "kpro5", false), client(t, cl, "viewer", true)
+	p := NewPermits(c, nil)
+	defer p.Close()
+	if err := p.Take(context.Background(), "qwen", "server.a", "restart", 2); err != nil {
+		t.Fatal(err)
+	}
+	p.Mark("qwen", "server.b", "exited")
+	waitFor(t, "two permits", func() bool { return len(group(t, viewer).Permits) == 2 })
+
+	cl.StopAll()
+	waitFor(t, "the lease lapses", func() bool { _, _, _, err := c.LeaseState(); return err != nil })
+	p.Release("server.a") // converged while etcd is down
+	time.Sleep(2 * time.Second)
+	cl.RestartAll()
+	back := time.Now()
+	waitFor(t, "server.a released, server.b confirmed", func() bool {
+		ps := group(t, viewer).Permits
+		return len(ps) == 1 && ps[0].Member == "server.b" && ps[0].Confirmed.After(back)
+	})
+	if d := time.Since(back); d > 2*time.Second {
+		t.Errorf("the release and the confirmation reached etcd %s after it answered; want within 2 s", d)
+	}
+
+	// The view: a permit written before its host's lease became live again (published
+	// as the host entry's connected time) is unconfirmed until written again.
+	raw := coord.Permit{}
+	ctx := context.Background()
+	pub, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go Publish(pub, c, nil, func() Summary { return Summary{Host: "kpro5"} })
+	waitFor(t, "the host entry", func() bool {
+		st, err := Read(ctx, viewer)
+		return err == nil && len(st.Hosts) == 1 && st.Hosts[0].Reachable
+	})
+	st, err := Read(ctx, viewer)
+	if err != nil || len(st.Rollouts) != 1 || st.Rollouts[0].Permits[0].Unconfirmed {
+		t.Fatalf("a mark written after the lease came back is shown unconfirmed: %+v %v", st, err)
+	}
+	p.Close() // nothing confirms it any more
+	cl.StopAll()
+	waitFor(t, "the lease lapses", func() bool { _, _, _, err := c.LeaseState(); return err != nil })
+	cl.RestartAll()
+	waitFor(t, "the mark unconfirmed", func() bool {
+		st, err := Read(ctx, viewer)
+		if err != nil || len(st.Rollouts) != 1 {
+			return false
+		}
+		raw = st.Rollouts[0].Permits[0]
+		return raw.Unconfirmed
+	})
+	if !strings.Contains(raw.String(), "unconfirmed since etcd returned") {
+		t.Errorf("the permit reads %q", raw)
+	}
+}

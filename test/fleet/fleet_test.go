@@ -109,48 +109,6 @@ func TestFleetKilledPermitHolder(t *testing.T) {
 	s.check(t, 1)
 }
 
-// etcd down mid-rollout: the member in flight finishes, nothing new is disrupted while
-// etcd is gone, everything keeps serving, and the rollout resumes when etcd returns.
-func TestFleetEtcdDown(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, 3, 3, 3*time.Second, "2s")
-	h.deploy("0.80")
-	s := startSampler(h.hosts)
-	h.writePlan("0.85")
-	holder := h.holder("a permit taken", func(*host) bool { return true })
-	pids := map[string]int{}
-	for _, x := range h.hosts {
-		pids[x.name] = x.serverPID()
-	}
-	h.etcd.StopAll()
-	t.Logf("etcd stopped while %s holds the permit", holder.name)
-	h.waitFor(holder.name+" finishes its restart without etcd", 2*time.Minute, holder.runsFunc("0.85"))
-	// Two leases and more: every agent has lost its lease, and none disrupts.
-	until := time.Now().Add(3*h.lease + 2*time.Second)
-	for time.Now().Before(until) {
-		for _, x := range h.hosts {
-			if x == holder {
-				continue
-			}
-			if pid := x.serverPID(); pid != pids[x.name] {
-				t.Fatalf("%s restarted its server (pid %d → %d) while etcd was down:\n%s", x.name, pids[x.name], pid, tail(x.log(), 3000))
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for _, x := range h.hosts {
-		if !x.serves() {
-			t.Errorf("%s's server does not serve while etcd is down", x.name)
-		}
-		if !strings.Contains(x.log(), "lease lapsed") {
-			t.Errorf("%s never said its lease lapsed:\n%s", x.name, tail(x.log(), 2000))
-		}
-	}
-	h.etcd.RestartAll()
-	h.converged("0.85", 3*time.Minute)
-	s.check(t, 1)
-}
-
 // A partitioned agent (its etcd traffic stopped by its proxies) disrupts nothing; the
 // others roll without it, also when it was cut off holding the permit, and it rolls
 // when it is back.

@@ -19,6 +19,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/agent-dev/agent/docs/schema"
 	"github.com/agent-dev/agent/internal/coord"
@@ -70,7 +72,11 @@ func newHarness(t *testing.T, members, n int, lease time.Duration, settle string
 	if err := os.MkdirAll(h.planDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: h.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// The observer reconnects as fast as the agents do (gRPC's default backoff would
+	// see etcd's return seconds late).
+	cli, err := clientv3.New(clientv3.Config{Endpoints: h.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: coord.ReconnectMax}})}})
 	if err != nil {
 		t.Fatal(err)
 	}
