@@ -185,6 +185,9 @@ func (c *Client) renew(ctx context.Context) bool {
 		c.generation++
 		c.revs = map[string]int64{}
 	}
+	if r.lost != "" {
+		c.published = false // its last/ entry is gone until it publishes again
+	}
 	if r.err == nil && r.ttl > 0 {
 		c.validUntil, c.leaseErr, c.renewedAt = r.sent.Add(time.Duration(r.ttl)*time.Second), nil, r.sent
 	} else if r.err != nil {

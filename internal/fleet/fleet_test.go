@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +228,24 @@ func TestReleaseAndConfirmWhenEtcdReturns(t *testing.T) {
 	})
 	if !strings.Contains(raw.String(), "unconfirmed since etcd returned") {
 		t.Errorf("the permit reads %q", raw)
+	}
+}
+
+// A host writes its own marks before it asks for anything: when Take returns, etcd has
+// every mark this host made before it (the others count them), here a hundred members
+// found down at once (the background writer needs a write for each).
+func TestTakeWritesTheHostsMarksFirst(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	c, viewer := client(t, cl, "kpro5", false), client(t, cl, "viewer", true)
+	p := NewPermits(c, nil)
+	defer p.Close()
+	for i := range 100 {
+		p.Mark("qwen", fmt.Sprintf("server.down%d", i), "exited")
+	}
+	if err := p.Take(context.Background(), "qwen", "server.take", "restart", 1000); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(group(t, viewer).Permits); n != 101 {
+		t.Fatalf("a permit was taken when etcd had %d of this host's 100 marks", n-1)
 	}
 }
