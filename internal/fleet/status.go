@@ -120,7 +120,7 @@ type HostStatus struct {
 	Host      string `json:"host"`
 	Reachable bool   `json:"reachable"`
 	// Updated is when it last published; for an unreachable host, since when it has
-	// not been heard from.
+	// not been heard from; with From, when its /status was asked.
 	Updated time.Time `json:"updated"`
 	Summary *Summary  `json:"summary"`
 	// From says where the summary was read when etcd could not be (`--hosts`): the
@@ -198,7 +198,7 @@ func FromAgents(ctx context.Context, addrs []string, red *view.Redactor) []HostS
 }
 
 func fromAgent(ctx context.Context, addr string, red *view.Redactor) HostStatus {
-	hs := HostStatus{Host: addr, From: "agent run's /status at " + addr}
+	hs := HostStatus{Host: addr, From: "agent run's /status at " + addr, Updated: time.Now().UTC()}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	url := addr
@@ -234,7 +234,7 @@ func fromAgent(ctx context.Context, addr string, red *view.Redactor) HostStatus 
 		s.Healthy = s.Healthy && rs.Healthy
 		s.Resources = append(s.Resources, rs)
 	}
-	hs.Updated, hs.Summary = time.Now().UTC(), &s
+	hs.Summary = &s
 	return hs
 }
 
