@@ -70,6 +70,11 @@ type Diff struct {
 	// verified (agent/finish.go). It is no change: a diff with only break work left is
 	// a no-op.
 	Unfinished string
+	// Held, when not "", says that the resource deliberately keeps what runs instead of
+	// the plan's inputs (the loop holds a change that was rejected and rolled back), and
+	// why: a no-op that is not converged on the plan's inputs. What its last good
+	// generation needs is not deleted meanwhile (agent/wayback.go).
+	Held string
 }
 
 // RecordUpdate is a change of a resource's own state record, as data.

@@ -98,6 +98,9 @@ type Engine struct {
 	// orphans are the addresses recorded in state but gone from the plan, in the order
 	// they are deleted (dependents first); their resources are in resources.
 	orphans []string
+	// after maps an orphan that a planned resource's current record still depends on to
+	// those resources: it is deleted only once they are verified (agent/wayback.go).
+	after map[string][]string
 	// movedFrom maps a moved block's new address to its old one.
 	movedFrom map[string]string
 	// refused are delete steps the delete-all guard refuses in this apply.
@@ -389,7 +392,7 @@ func (e *Engine) newReport() (*Report, map[string]*Step) {
 	rep := &Report{}
 	byAddr := map[string]*Step{}
 	for _, a := range e.addrs() {
-		st := &Step{Addr: a, Orphan: e.isOrphan(a), MovedFrom: e.movedFrom[a]}
+		st := &Step{Addr: a, Orphan: e.isOrphan(a), MovedFrom: e.movedFrom[a], DeletedAfter: e.after[a]}
 		rep.Steps = append(rep.Steps, st)
 		byAddr[a] = st
 	}
@@ -508,8 +511,12 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 		return st.Err
 	}
 	// Orphans first, one at a time, dependents first: what they hold (a port, GPU
-	// memory, a container) is often what the plan's resources need.
+	// memory, a container) is often what the plan's resources need. Those that what
+	// serves now still needs wait until after the walk (deleteAfter).
 	for _, addr := range e.orphans {
+		if len(e.after[addr]) > 0 {
+			continue
+		}
 		if ctx.Err() != nil {
 			byAddr[addr].Err = ctx.Err()
 			continue
@@ -532,6 +539,7 @@ func (e *Engine) Apply(ctx context.Context, onEvent func(Event)) *Report {
 			emit(st, "done")
 		}
 	}
+	e.deleteAfter(ctx, byAddr, step)
 	if !e.destroying {
 		e.finishAll(ctx, byAddr, emit)
 	}
@@ -612,6 +620,7 @@ func (e *Engine) applyOne(ctx context.Context, st *Step, started func(), run *ap
 		return err
 	}
 	st.Applied, st.Unfinished = true, after.Unfinished
+	d.Held = after.Held // verified on what it holds, not on the plan's inputs
 	e.saved.applied(addr)
 	e.log.Info("applied and verified", "resource", addr, "action", string(d.Action))
 	return nil

@@ -44,8 +44,19 @@ func (e *Engine) pruning() bool {
 }
 
 // addrs is every address a run covers: orphans first (they are deleted first), then the
-// plan's resources in dependency order.
-func (e *Engine) addrs() []string { return append(slices.Clone(e.orphans), e.Order()...) }
+// plan's resources in dependency order, then the orphans that a planned resource's
+// current record still depends on (deleted once it is verified: waitingOrphans).
+func (e *Engine) addrs() []string {
+	var first, last []string
+	for _, o := range e.orphans {
+		if len(e.after[o]) > 0 {
+			last = append(last, o)
+		} else {
+			first = append(first, o)
+		}
+	}
+	return append(append(first, e.Order()...), last...)
+}
 
 func (e *Engine) isOrphan(addr string) bool { return slices.Contains(e.orphans, addr) }
 
@@ -113,6 +124,7 @@ func (e *Engine) findOrphans() error {
 		order = found // a corrupt record of dependencies costs only the order
 	}
 	e.orphans = order
+	e.after = e.waitingOrphans(order, deps)
 	return nil
 }
 
@@ -187,7 +199,7 @@ func (e *Engine) saveDeps(rep *Report) {
 		case st.Orphan && st.Applied:
 			delete(deps, st.Addr)
 		case !st.Orphan && e.plan.Resource(st.Addr) != nil:
-			deps[st.Addr] = e.plan.Resource(st.Addr).DependsOn
+			deps[st.Addr] = keptDeps(st, deps[st.Addr], e.plan.Resource(st.Addr).DependsOn)
 		}
 	}
 	for from, to := range e.movedFromPairs() {

@@ -21,6 +21,7 @@ import (
 type recConfig struct {
 	Value  string  `hcl:"value"`
 	Ensure *string `hcl:"ensure,optional"`
+	Fail   bool    `hcl:"fail,optional"` // its apply fails, changing nothing
 }
 
 type recRes struct {
@@ -28,6 +29,7 @@ type recRes struct {
 	value   string
 	absent  bool
 	why     Reason
+	fail    bool
 	deletes *deleteLog
 }
 
@@ -63,6 +65,9 @@ func (r *recRes) Apply(ctx context.Context, env *Env, d *Diff) error {
 		r.deletes.mu.Unlock()
 		return env.State.Delete()
 	}
+	if r.fail {
+		return errors.New("the new value failed and was rolled back")
+	}
 	return env.State.Save(r.value)
 }
 
@@ -73,7 +78,7 @@ func (r *recRes) AsAbsent() Resource {
 
 func recKinds(log *deleteLog) []Kind {
 	k := NewKind("rec", func(r *plans.Resource, c *recConfig) (Resource, hcl.Diagnostics) {
-		res := &recRes{addr: r.Addr, value: c.Value, deletes: log}
+		res := &recRes{addr: r.Addr, value: c.Value, fail: c.Fail, deletes: log}
 		if c.Ensure != nil && *c.Ensure == "absent" {
 			res.absent, res.why = true, ReasonEnsureAbsent
 		}

@@ -54,8 +54,18 @@ func (e *Engine) Record(st *Step) {
 	e.saveDeps(&Report{Steps: []*Step{st}})
 }
 
-// Deps returns the direct dependencies of addr.
-func (e *Engine) Deps(addr string) []string { return e.graph.Deps(addr) }
+// Deps returns the direct dependencies of addr: for an orphan, the planned resources
+// whose current record still depends on it (Step.DeletedAfter), which it waits for as a
+// resource waits for its dependencies.
+func (e *Engine) Deps(addr string) []string {
+	if e.isOrphan(addr) {
+		return slices.Clone(e.after[addr])
+	}
+	return e.graph.Deps(addr)
+}
+
+// IsOrphan reports whether addr is an orphan: recorded in state, its block gone.
+func (e *Engine) IsOrphan(addr string) bool { return e.isOrphan(addr) }
 
 // Upstream returns the resources addr depends on, directly or not, in plan order.
 func (e *Engine) Upstream(addr string) []string { return e.graph.Upstream(addr) }
@@ -136,7 +146,7 @@ func (e *Engine) StatusOf(ctx context.Context, addr string, d *Diff) *Step {
 
 // newStep is addr's step as a report holds it.
 func (e *Engine) newStep(addr string) *Step {
-	return &Step{Addr: addr, Orphan: e.isOrphan(addr), MovedFrom: e.movedFrom[addr]}
+	return &Step{Addr: addr, Orphan: e.isOrphan(addr), MovedFrom: e.movedFrom[addr], DeletedAfter: e.after[addr]}
 }
 
 // Watch blocks until addr may have changed (Watcher) or ctx ends. It returns

@@ -23,6 +23,11 @@ type Step struct {
 	Orphan bool
 	// MovedFrom is the old address of a resource a moved block renamed.
 	MovedFrom string
+	// DeletedAfter, for an orphan, lists the planned resources whose current record
+	// depends on it (what serves now was launched from it): it is deleted only after
+	// they converged on their new inputs and were verified, so that their way back
+	// stays (agent/wayback.go).
+	DeletedAfter []string
 	// Unfinished is the break work the step's last observation reported (Diff.Unfinished
 	// of the verifying Check when it applied): what Finish does once the resource's
 	// dependents verified.

@@ -35,9 +35,15 @@ var ErrTerminalHold = errors.New("not retried until the plan or the host changes
 type WaitingError struct {
 	Dep   string
 	Cause string // the dependency's own error, when it failed
+	// Held, for an orphan, is why its dependent serves its last good generation, which
+	// needs the orphan: the dependent converged, but not on the plan's inputs.
+	Held string
 }
 
 func (e *WaitingError) Error() string {
+	if e.Held != "" {
+		return "kept while " + e.Dep + " serves its last good generation, launched from it: " + e.Held
+	}
 	if e.Cause == "" {
 		return "waiting for " + e.Dep + " to converge"
 	}
@@ -50,6 +56,16 @@ func held(err error) bool {
 	var w *WaitingError
 	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold) || errors.As(err, &w) ||
 		agent.IsRolloutWait(err)
+}
+
+// heldChange is, for an orphan addr waiting for a planned resource whose current record
+// depends on it (agent.Engine.Deps), why that resource holds a rejected change: it
+// converged, but serves its last good generation, which still needs the orphan.
+func heldChange(eng *agent.Engine, addr string, ds *resState) string {
+	if !eng.IsOrphan(addr) || ds == nil || ds.step == nil || ds.step.Diff == nil {
+		return ""
+	}
+	return ds.step.Diff.Held
 }
 
 // rolloutsFor is the loop's rollout permits over store, made once.
@@ -120,10 +136,11 @@ func (d *Daemon) process(addr string) {
 	rs.stopWatch() // it is observed now; a watch on what it replaces would only echo
 	for _, dep := range eng.Deps(addr) {
 		ds := d.res[dep]
-		if ds != nil && ds.converged && ds.gen == gen {
+		held := heldChange(eng, addr, ds)
+		if ds != nil && ds.converged && ds.gen == gen && held == "" {
 			continue
 		}
-		w := &WaitingError{Dep: dep}
+		w := &WaitingError{Dep: dep, Held: held}
 		if ds != nil && ds.gen == gen && ds.step != nil && ds.step.Err != nil {
 			var dw *WaitingError
 			switch {

@@ -151,6 +151,11 @@ func (v *View) warnings(st *agent.Step) {
 func (v *View) diff(st *agent.Step) {
 	d := st.Diff
 	v.printf("  %s %s (%s)\n", d.Action.Symbol(), st.Addr, d.Action)
+	if len(st.DeletedAfter) > 0 && d.Action == agent.Delete {
+		// What serves now was launched from it: the way back stays until the switch
+		// is verified (issue 35).
+		v.printf("      %s (what it serves now was launched from it)\n", agent.DeletedAfterText(st.DeletedAfter))
+	}
 	for _, c := range d.Changes {
 		v.printf("      %s\n", changeLine(c))
 		for _, l := range changeMore(c) {

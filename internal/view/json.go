@@ -113,6 +113,9 @@ type JSONResource struct {
 	Orphan bool `json:"orphan"`
 	// MovedFrom is the address a moved block renamed this resource from ("" when none).
 	MovedFrom string `json:"moved_from"`
+	// DeletedAfter, for an orphan, lists the planned resources whose current record
+	// depends on it: it is deleted only after they are verified (absent when none).
+	DeletedAfter []string `json:"deleted_after,omitempty"`
 }
 
 // JSONChange is one attribute change; old and new are absent when the attribute is
@@ -185,7 +188,7 @@ func JSON(command string, rep *agent.Report, r *Redactor) *JSONOutput {
 func jsonResource(command string, st *agent.Step, r *Redactor) JSONResource {
 	typ, name, _ := strings.Cut(st.Addr, ".")
 	jr := JSONResource{Address: st.Addr, Type: typ, Name: name, Changes: []JSONChange{}, Warnings: []string{},
-		DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom}
+		DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom, DeletedAfter: st.DeletedAfter}
 	if command == "apply" || command == "destroy" {
 		jr.Applied = &st.Applied
 		jr.Finished = &st.Finished

@@ -156,6 +156,7 @@ func (s *Server) holdRejected(o *observation, rec *serverRecord, r *rejectedChan
 	}
 	d = agent.NoChange()
 	d.Warnings = append(d.Warnings, why)
+	d.Held = why // not converged on the plan's inputs: what it runs from is kept
 	return d, held, nil
 }
 
@@ -449,5 +450,6 @@ func (s *Server) decideRevert(o *observation, rec *serverRecord) (d *agent.Diff,
 		return nil, "", true, err
 	}
 	d.Warnings = append(d.Warnings, hold.Warnings...)
+	d.Held = hold.Held
 	return d, held, true, nil
 }
