@@ -276,6 +276,9 @@ func (e *Engine) orphanStatus(ctx context.Context, st *Step) {
 	sum := "orphan: no longer in the plan"
 	if d.Action != NoOp {
 		sum += "; agent apply will " + string(d.Action) + " it (agent run only with agent { prune = true })"
+		if after := e.after[st.Addr]; len(after) > 0 && d.Action == Delete {
+			sum += ", " + DeletedAfterText(after)
+		}
 	}
 	st.Status = &Status{Healthy: false, Summary: sum, Metrics: map[string]float64{"orphan": 1}}
 	for i, w := range d.Warnings {

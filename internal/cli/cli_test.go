@@ -26,6 +26,8 @@ func TestScripts(t *testing.T) {
 	t.Parallel()
 	// The server scripts run the fake SGLang server (internal/fakesglang) as $FAKE_SGLANG_BIN.
 	fake := testbin.FakeSGLang(t)
+	// $MODEL_URL serves the quickstart's model directory on loopback, for downloads.
+	model := testbin.QuickstartModel(t)
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
@@ -47,6 +49,7 @@ func TestScripts(t *testing.T) {
 			// under it: file paths must be absolute, and $WORK differs per run.
 			env.Setenv("AGENT_VAR_root", env.WorkDir+"/root")
 			env.Setenv("FAKE_SGLANG_BIN", fake)
+			env.Setenv("MODEL_URL", model.URL)
 			// $PORT and $PORT2 are ports free when the script starts, for servers of its own.
 			for _, name := range []string{"PORT", "PORT2"} {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
