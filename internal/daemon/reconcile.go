@@ -101,6 +101,7 @@ func (d *Daemon) hold(addr string) error {
 func (d *Daemon) engineOptions() agent.Options {
 	opts := d.cfg.Engine
 	opts.Log = d.log
+	opts.Loop = true // whoever configured it, this engine is the loop's (Env.Loop)
 	opts.Hold = d.hold
 	opts.Memory = d.memory
 	if opts.Progress == nil {

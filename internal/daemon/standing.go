@@ -20,7 +20,7 @@ type shape struct {
 
 func newShape(eng *agent.Engine) *shape {
 	sh := &shape{addrs: eng.Addrs(), dependents: map[string][]string{}}
-	for _, a := range eng.Order() {
+	for _, a := range sh.addrs { // an orphan waits for what still needs it (Engine.Deps)
 		for _, dep := range eng.Deps(a) {
 			sh.dependents[dep] = append(sh.dependents[dep], a)
 		}
