@@ -18,7 +18,7 @@ import (
 // member (a restart, replace or delete: Action.Destructive) starts only while fewer than
 // the group's max_unavailable members are unavailable, and the member counts as
 // unavailable from then until a fresh Check verifies it converged. A member observed
-// down (missing, gone, unhealthy, or that cannot be observed) counts as unavailable too,
+// down (missing, gone, unhealthy, wedged, or that cannot be observed) counts as unavailable too,
 // as Kubernetes counts a pod that is not ready; its repair is never held back, since it
 // disrupts nothing that serves. The first failure of a member stops the group's rollout
 // until that member is repaired.
@@ -94,12 +94,13 @@ func (r *Rollouts) poke() {
 }
 
 // Unavailable reports whether the resource the diff describes is down: not on the host,
-// gone, or unhealthy. Such a member of a rollout group counts as unavailable, and acting
-// on it is a repair, never held back.
+// gone, unhealthy past its grace, or proven wedged (it runs, and serves nothing). Such a
+// member of a rollout group counts as unavailable, and acting on it is a repair, never
+// held back: not by another member's disruption in flight, nor by the fleet's permits.
 func (d *Diff) Unavailable() (why string, down bool) {
 	for _, c := range d.Changes {
 		switch c.Why() {
-		case ReasonMissing, ReasonGone, ReasonUnhealthy:
+		case ReasonMissing, ReasonGone, ReasonUnhealthy, ReasonWedged:
 			return c.Why().Describe(), true
 		}
 	}

@@ -309,16 +309,22 @@ type wedgeIncident struct {
 
 // wedgedDiff is the relaunch of rec's generation, proven wedged (evidence, since at):
 // the record keeps the incident before the apply acts on it.
+// A judgement is recorded (and logged) once: a relaunch that has to wait or fail leaves
+// the incident in the record, and the next observation finds it there.
 func (s *Server) wedgedDiff(rec *serverRecord, evidence string, at time.Time) *agent.Diff {
 	r := *rec
-	r.Wedge = &wedgeIncident{Generation: rec.Generation, PID: rec.PID, At: at, Evidence: evidence}
-	r.Wedges++
+	var record *agent.RecordUpdate
+	if w := rec.Wedge; w == nil || w.Generation != rec.Generation || w.PID != rec.PID {
+		r.Wedge = &wedgeIncident{Generation: rec.Generation, PID: rec.PID, At: at, Evidence: evidence}
+		r.Wedges++
+		record = agent.SaveRecord(&r, fmt.Sprintf("generation %d (pid %d) found wedged: %s", rec.Generation, rec.PID, evidence))
+	}
 	c := agent.Set("liveness", agent.Raw(evidence), agent.Raw("a new generation"))
 	c.Note = "restart: the engine is wedged (its front end still answers)"
 	return &agent.Diff{
 		Changes: []agent.Change{c.Because(agent.Restarts, agent.ReasonWedged)},
 		Detail:  &serverDetail{prev: &r, stop: true},
-		Record:  agent.SaveRecord(&r, fmt.Sprintf("generation %d (pid %d) found wedged: %s", rec.Generation, rec.PID, evidence)),
+		Record:  record,
 	}
 }
 
