@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"encoding/json"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -83,15 +81,7 @@ type liveRecord struct {
 
 func readLive(t *testing.T, stateDir string) liveRecord {
 	t.Helper()
-	var r liveRecord
-	b, err := os.ReadFile(filepath.Join(stateDir, "resources", "server.qwen.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &r)
-	}
-	if err != nil && !os.IsNotExist(err) {
-		t.Logf("record: %v", err)
-	}
-	return r
+	return readLiveOf(t, stateDir, "server.qwen")
 }
 
 // Issue 26, 6: under agent run a wedged engine (its /health still 200, no token comes
