@@ -67,9 +67,24 @@ func AgeField(key, name string, t, now time.Time) Field {
 }
 
 // DurationField is a length of time (key ending _seconds): seconds for machines, Go's
-// rendering for people.
+// rendering for people, rounded (Duration).
 func DurationField(key, name string, d time.Duration) Field {
-	return Field{Key: key, Name: name, Value: d.Seconds(), Text: d.String()}
+	return Field{Key: key, Name: name, Value: d.Seconds(), Text: Duration(d).String()}
+}
+
+// Duration is d rounded for people, as the agent writes durations everywhere: to the
+// millisecond under a second, to a tenth of a second under a minute ("1.1s"), to the
+// second under an hour, to the minute above.
+func Duration(d time.Duration) time.Duration {
+	switch a := d.Abs(); {
+	case a < time.Second:
+		return d.Round(time.Millisecond)
+	case a < time.Minute:
+		return d.Round(100 * time.Millisecond)
+	case a < time.Hour:
+		return d.Round(time.Second)
+	}
+	return d.Round(time.Minute)
 }
 
 // BytesField is a size (key ending _bytes): bytes for machines, binary units for people.

@@ -31,6 +31,9 @@ func TestFieldConstructors(t *testing.T) {
 		{AgeField("started_at", "started", started, now), `"2026-12-02T14:08:22Z"`, wall + " (5m8s ago)"},
 		{AgeField("stopped_at", "stopped", started, started.Add(26*time.Hour+31*time.Second)), `"2026-12-02T14:08:22Z"`, wall + " (26h1m0s ago)"},
 		{DurationField("next_try_seconds", "next try", 1500*time.Millisecond), `1.5`, "1.5s"},
+		{DurationField("start_seconds", "start: total", 1106489514*time.Nanosecond), `1.106489514`, "1.1s"},
+		{DurationField("start_ready_seconds", "start: ready", 214908300*time.Nanosecond), `0.2149083`, "215ms"},
+		{DurationField("start_weights_loaded_seconds", "start: weights", 190*time.Second+400*time.Millisecond), `190.4`, "3m10s"},
 		{BytesField("done_bytes", "bytes", 52<<30), `55834574848`, "52.0 GiB"},
 	} {
 		b, err := json.Marshal(c.f.Value)

@@ -20,13 +20,15 @@ import (
 //   - the script's paths and port: $FAKE_SGLANG_BIN, $WORK, $PORT and
 //     $PORT2 (as the words they are);
 //   - this host's name, quoted ("kpro5") → "HOSTNAME" (the host guard's refusal);
-//   - process ids after "pid", "PID", "kill" or "kill -HUP", and the client port of a loopback access-log
+//   - process ids after "pid", "PID", "process", "kill" or "kill -HUP", and the client port of a loopback access-log
 //     line (127.0.0.1:51000 - "GET /health …");
 //   - wall-clock times (2026-12-02 15:08:22, RFC 3339) → TIME;
 //   - measured durations: in parentheses at the end of a step's line ("(3.131s)"), ages
-//     ("5m8s ago") and a start's phases and total ("start: weights  1s") → DUR.
+//     ("5m8s ago"), a start's phases and total ("start: weights  1s") → DUR, and how
+//     long after its start a launch exited ("0.4 s after start") → "DUR after start".
 var (
-	pidRE      = regexp.MustCompile(`\b(pid|PID|kill|kill -HUP)(\s+)\d+\b`)
+	pidRE      = regexp.MustCompile(`\b(pid|PID|process|kill|kill -HUP)(\s+)\d+\b`)
+	exitedRE   = regexp.MustCompile(`\b\d+\.\d s after (start|it answered ready)\b`)
 	clientRE   = regexp.MustCompile(`\b127\.0\.0\.1:\d+ - "`)
 	timeRE     = regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?`)
 	durationRE = `(\d+(\.\d+)?(ns|µs|us|ms|s|m|h))+`
@@ -54,6 +56,7 @@ func normalize(getenv func(string) string, text string) string {
 		text = strings.ReplaceAll(text, `"`+host+`"`, `"HOSTNAME"`)
 	}
 	text = pidRE.ReplaceAllString(text, "${1}${2}PID")
+	text = exitedRE.ReplaceAllString(text, "DUR after ${1}")
 	text = clientRE.ReplaceAllString(text, `127.0.0.1:CLIENT - "`)
 	text = timeRE.ReplaceAllString(text, "TIME")
 	lines := strings.Split(text, "\n")

@@ -112,6 +112,10 @@ type LaunchError struct {
 	Tail    []string
 	// Stopped says what became of the leftovers (the launch is stopped, verified).
 	Stopped string
+	// Exited says the launch's leader had exited by itself before the agent stopped
+	// anything (it died: an OOM), as opposed to a launch the agent stopped (not ready by
+	// ready.timeout, not ready at the end of its settle period).
+	Exited bool
 }
 
 // ErrLaunch is wrapped by every *LaunchError.
@@ -297,6 +301,20 @@ func (l *Lifecycle) waitReady(ctx context.Context, x *Launched, o LaunchOptions)
 	}
 }
 
+// exited reports whether x's leader is gone already: it exited by itself (the reaper
+// saw it, or /proc no longer has it).
+func (l *Lifecycle) exited(ctx context.Context, x *Launched) bool {
+	if x.Exited != nil {
+		select {
+		case <-x.Exited:
+			return true
+		default:
+		}
+	}
+	alive, err := l.ProcsIn(ctx, x.NS).Alive(ctx, x.ID)
+	return err == nil && !alive
+}
+
 func (l *Lifecycle) exitReason(x *Launched) string {
 	how := "exited"
 	if x.ExitStatus != nil {
@@ -318,6 +336,7 @@ func (l *Lifecycle) failed(x *Launched, o LaunchOptions, reason string) error {
 	// nearly spent by the readiness wait.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	e.Exited = l.exited(ctx, x)
 	rep, err := l.StopIn(ctx, x.NS, x.Target(o.Spec.Marker), syscall.SIGTERM, 5*time.Second, o.Port)
 	switch {
 	case err != nil:

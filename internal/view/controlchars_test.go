@@ -44,3 +44,35 @@ func TestHumanViewsEscapeControlCharacters(t *testing.T) {
 		t.Errorf("the flag value is not ANSI-C quoted on its line:\n%s", plan.String())
 	}
 }
+
+// Issue 35, point 3: multi-line text (a log tail, an error quoting a traceback) is
+// printed as indented lines behind a gutter, each line escaped on its own: readable, and
+// still no line of it passes for a line of the view nor moves the cursor. --json keeps
+// the strings as they are.
+func TestMultiLineTextIsPrintedAsLines(t *testing.T) {
+	tail := "Traceback (most recent call last):\n  File \"x.py\", line 1\ntorch.OutOfMemoryError: CUDA out of memory\x1b[2K\n  ✓ server.fake: running"
+	rep := &agent.Report{Steps: []*agent.Step{
+		{Addr: "server.qwen", Status: &agent.Status{Summary: "degraded",
+			Fields: []agent.Field{agent.TextField("log_tail", "log tail", tail), agent.TextField("pid", "pid", "4711")}}},
+		{Addr: "file.a", Err: errors.New("file.a: launch failed; last 2 lines of its log:\n    first\n    second\ttab")},
+	}}
+	var out bytes.Buffer
+	(&View{W: &out, Redact: NewRedactor(nil)}).Status(rep)
+	want := "" +
+		"  ! server.qwen: degraded\n" +
+		"      log tail  Traceback (most recent call last):\n" +
+		"                │   File \"x.py\", line 1\n" +
+		"                │ torch.OutOfMemoryError: CUDA out of memory\\x1b[2K\n" +
+		"                │   ✓ server.fake: running\n" +
+		"      pid       4711\n" +
+		"  ✗ file.a: launch failed; last 2 lines of its log:\n" +
+		"      │     first\n" +
+		"      │     second\\ttab\n"
+	if out.String() != want {
+		t.Errorf("status:\n%s\nwant:\n%s", out.String(), want)
+	}
+	doc := JSON("status", rep, NewRedactor(nil))
+	if got := doc.Resources[0].Status.Fields[0].Text; got != tail {
+		t.Errorf("--json changed the log tail: %q", got)
+	}
+}

@@ -42,14 +42,18 @@ type View struct {
 // printf prints a line of the view. Its arguments are values from the plan, the host
 // and errors: their control characters are escaped (a newline as \n), so that a flag
 // value, a log quote or an error cannot forge a line of the plan or move the terminal's
-// cursor (issue 27). Only the format's own newlines end lines.
+// cursor (issue 27). Only the format's own newlines end lines, and a Block's: an error
+// and a Block (a log tail, a traceback) go on as indented lines behind a gutter, each
+// escaped on its own (Block.String).
 func (v *View) printf(format string, args ...any) {
 	for i, a := range args {
 		switch a := a.(type) {
+		case Block:
+			args[i] = a.String()
 		case string:
 			args[i] = Printable(a)
 		case error:
-			args[i] = Printable(a.Error())
+			args[i] = Block{Text: a.Error(), Indent: 6}.String()
 		case fmt.Stringer:
 			args[i] = Printable(a.String())
 		}
@@ -66,6 +70,31 @@ func (v *View) printf(format string, args ...any) {
 	v.drawn = 0
 	fmt.Fprint(v.W, line)
 	v.redraw(nil)
+}
+
+// Block is multi-line text for people (a log tail, an error quoting a traceback): its
+// first line goes where the format puts it, each further line on a line of its own,
+// Indent spaces and a gutter ("│ ") in, so that no line of it can pass for a line of the
+// view. Every line is escaped on its own (Printable): a control character in it stays
+// quoted. --json keeps the string as it is.
+type Block struct {
+	Text   string
+	Indent int
+}
+
+// gutter begins each further line of a Block.
+const gutter = "│ "
+
+// String is the block as the view prints it.
+func (b Block) String() string {
+	lines := strings.Split(strings.TrimRight(b.Text, "\n"), "\n")
+	var out strings.Builder
+	out.WriteString(Printable(strings.TrimSuffix(lines[0], "\r")))
+	for _, l := range lines[1:] {
+		out.WriteString("\n" + strings.Repeat(" ", b.Indent) + gutter)
+		out.WriteString(Printable(strings.TrimSuffix(l, "\r")))
+	}
+	return out.String()
 }
 
 // Printable is s with its control characters escaped as Go writes them in a quoted
@@ -252,9 +281,10 @@ func noteOf(c agent.Change) string {
 	return ""
 }
 
-// errLine is an error as shown after "ADDR: ": without the address it already starts with.
-func errLine(addr string, err error) string {
-	return strings.TrimPrefix(err.Error(), addr+": ")
+// errLine is an error as shown after "  ✗ ADDR: ": without the address it already
+// starts with, its further lines (a log's tail) indented below it.
+func errLine(addr string, err error) Block {
+	return Block{Text: strings.TrimPrefix(err.Error(), addr+": "), Indent: 6}
 }
 
 // ApplyEvent prints one apply event as it happens.
@@ -379,7 +409,7 @@ func (v *View) Status(rep *agent.Report) {
 			width = max(width, len(f.Name))
 		}
 		for _, f := range st.Status.Fields {
-			v.printf("      %-*s  %s\n", width, f.Name, f.Text)
+			v.printf("      %-*s  %s\n", width, f.Name, Block{Text: f.Text, Indent: 8 + width})
 		}
 	}
 	v.members(rep)

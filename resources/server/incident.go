@@ -46,7 +46,13 @@ func (s *Server) statusInFlight(field func(agent.Field), rec *serverRecord) []st
 // reuse, or a foreign server started in its place).
 func (s *Server) statusIncident(ctx context.Context, field func(agent.Field), st *agent.Status, rec *serverRecord, procs lifecycle.Procs) {
 	if f := rec.Failure; f != nil {
-		st.Summary = fmt.Sprintf("generation %d was stopped by the agent at %s: %s", rec.Generation, f.At.Format("2006-01-02 15:04:05"), f.Reason)
+		// Only a stop the agent made says so: a generation that died (an OOM) exited by
+		// itself, whatever leftovers the agent then stopped.
+		how := "was stopped by the agent"
+		if f.Exited {
+			how = "exited by itself; the agent found it gone"
+		}
+		st.Summary = fmt.Sprintf("generation %d %s at %s: %s", rec.Generation, how, f.At.Format("2006-01-02 15:04:05"), f.Reason)
 		if i := strings.Index(f.Verdict, ":"); i > 0 {
 			st.Summary += "; " + f.Verdict[:i] // the dead branch shows the whole verdict
 		}

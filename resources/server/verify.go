@@ -27,6 +27,8 @@ type launchFailure struct {
 	Verdict string    `json:"verdict,omitempty"`
 	Tail    []string  `json:"tail,omitempty"`
 	Stopped string    `json:"stopped,omitempty"`
+	// Exited: it exited by itself (an OOM), the agent stopped nothing but leftovers.
+	Exited bool `json:"exited,omitempty"`
 }
 
 // settleDuration reads ready.settle: a duration, 0 allowed ("0s": no settle period).
@@ -108,7 +110,7 @@ func (s *Server) recordVerification(ctx context.Context, env *agent.Env, lc *lif
 	}
 	var le *lifecycle.LaunchError
 	if errors.As(err, &le) {
-		rec.Failure = &launchFailure{At: env.Now(), Reason: le.Reason, Tail: le.Tail, Stopped: le.Stopped}
+		rec.Failure = &launchFailure{At: env.Now(), Reason: le.Reason, Tail: le.Tail, Stopped: le.Stopped, Exited: le.Exited}
 		if le.Failure != nil {
 			rec.Failure.Verdict = le.Failure.String()
 		}
