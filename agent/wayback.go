@@ -94,6 +94,8 @@ func (e *Engine) stillNeeded(ctx context.Context, addr string, byAddr map[string
 		st := byAddr[p]
 		var held, failed string
 		switch {
+		case st == nil && e.resources[p] == nil:
+			failed = "not part of this run"
 		case st == nil:
 			// Not part of this apply (--target): deleted only if it already matches.
 			d, err := e.check(ctx, p)

@@ -52,6 +52,9 @@ func documents(t *testing.T) map[string][]byte {
 			failed,
 		}}
 		if command == "plan" {
+			// An orphan deleted only after what its weights serve is verified (issue 35).
+			rep.Steps = append(rep.Steps, &agent.Step{Addr: "download.m1", Orphan: true, DeletedAfter: []string{"server.qwen"},
+				Diff: (&agent.Diff{}).Add(agent.Removed("dest", "/models/m1").Because(agent.Deletes, agent.ReasonOrphan)).Derive()})
 			rep.Rollouts = []agent.RolloutSummary{{Group: "qwen", MaxUnavailable: 1, Members: 2, Down: []string{}}}
 		}
 		return rep

@@ -188,7 +188,10 @@ func JSON(command string, rep *agent.Report, r *Redactor) *JSONOutput {
 func jsonResource(command string, st *agent.Step, r *Redactor) JSONResource {
 	typ, name, _ := strings.Cut(st.Addr, ".")
 	jr := JSONResource{Address: st.Addr, Type: typ, Name: name, Changes: []JSONChange{}, Warnings: []string{},
-		DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom, DeletedAfter: st.DeletedAfter}
+		DurationMS: st.Duration.Milliseconds(), Orphan: st.Orphan, MovedFrom: st.MovedFrom}
+	if st.Diff != nil && st.Diff.Action == agent.Delete {
+		jr.DeletedAfter = st.DeletedAfter
+	}
 	if command == "apply" || command == "destroy" {
 		jr.Applied = &st.Applied
 		jr.Finished = &st.Finished
