@@ -108,3 +108,31 @@ func stepOf(rep *Report, addr string) *Step {
 	}
 	return nil
 }
+
+// The new weights' download fails half way: the server is skipped, and the old weights,
+// which its running generation needs, are kept.
+func TestOrphanKeptWhenTheNewDependencyFails(t *testing.T) {
+	t.Parallel()
+	store, _ := state.Open(t.TempDir())
+	log := &deleteLog{}
+	mustApply(t, recEngine(t, store, log, `
+rec "m1" { value = "w1" }
+rec "s" { value = "from ${rec.m1.value}" }
+`, Options{}).Apply(context.Background(), nil))
+	rep := recEngine(t, store, log, `
+rec "m2" {
+  value = "w2"
+  fail  = true
+}
+rec "s" { value = "from ${rec.m2.value}" }
+`, Options{Orphans: OrphansDelete}).Apply(context.Background(), nil)
+	if len(log.order) != 0 {
+		t.Fatalf("deleted %v although rec.m2 failed and rec.s still runs from rec.m1", log.order)
+	}
+	if _, skipped := stepOf(rep, "rec.s").Skipped(); !skipped {
+		t.Fatalf("rec.s: %v", stepOf(rep, "rec.s").Err)
+	}
+	if m1 := stepOf(rep, "rec.m1"); m1.Diff == nil || !strings.Contains(strings.Join(m1.Diff.Warnings, " "), "kept: rec.s's last good generation") {
+		t.Errorf("rec.m1 not reported kept: %+v", m1.Diff)
+	}
+}
