@@ -375,7 +375,14 @@ func (e *Engine) keep(addr string, d *Diff) error {
 	if err != nil {
 		return fmt.Errorf("%s: record what was observed (%s): %w", addr, d.Record.Why, err)
 	}
-	e.log.Info("recorded", "resource", addr, "what", d.Record.Why)
+	// A judgement is said once: the same finding kept again (a pass that could not act
+	// on it yet) is a debug line.
+	level := slog.LevelInfo
+	if was, ok := e.opts.Memory.Load("engine recorded " + addr); ok && was == d.Record.Why {
+		level = slog.LevelDebug
+	}
+	e.opts.Memory.Store("engine recorded "+addr, d.Record.Why)
+	e.log.Log(context.Background(), level, "recorded", "resource", addr, "what", d.Record.Why)
 	return nil
 }
 

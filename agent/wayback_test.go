@@ -1,13 +1,18 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/hashicorp/hcl/v2"
+
 	"github.com/agent-dev/agent/internal/state"
+	"github.com/agent-dev/agent/plans"
 )
 
 // A model switch as the engine sees it (issue 35, point 1): v1 has rec.m1 and rec.s
@@ -134,5 +139,50 @@ rec "s" { value = "from ${rec.m2.value}" }
 	}
 	if m1 := stepOf(rep, "rec.m1"); m1.Diff == nil || !strings.Contains(strings.Join(m1.Diff.Warnings, " "), "kept: rec.s's last good generation") {
 		t.Errorf("rec.m1 not reported kept: %+v", m1.Diff)
+	}
+}
+
+// repeater finds the same thing at every observation (a wedge it cannot act on yet).
+type repeaterConfig struct {
+	Why string `hcl:"why"`
+}
+
+type repeater struct{ cfg *repeaterConfig }
+
+func (r *repeater) Check(context.Context, *Env) (*Diff, error) {
+	d := NoChange()
+	d.Record = SaveRecord(map[string]string{"why": r.cfg.Why}, r.cfg.Why)
+	return d, nil
+}
+
+func (r *repeater) Apply(context.Context, *Env, *Diff) error { return nil }
+
+// Issue 35, point 2: a judgement kept again at every pass (the loop could not act on
+// it yet) is logged once at info; a new one is logged again.
+func TestSameFindingIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	store, _ := state.Open(t.TempDir())
+	k := []Kind{NewKind("repeater", func(r *plans.Resource, c *repeaterConfig) (Resource, hcl.Diagnostics) {
+		return &repeater{cfg: c}, nil
+	})}
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	mem := NewMemory()
+	for _, why := range []string{"generation 1 found wedged", "generation 1 found wedged", "generation 1 found wedged", "generation 2 found wedged"} {
+		p, diags := plans.LoadSources(".", []plans.Source{{Name: "plan.hcl", Data: []byte(`repeater "r" { why = "` + why + `" }`)}}, plans.Options{Schemas: Schemas(k)})
+		if diags.HasErrors() {
+			t.Fatal(diags.Error())
+		}
+		e, err := New(p, k, store, Options{Log: logger, Memory: mem})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustApply(t, e.Apply(context.Background(), nil))
+	}
+	if n := strings.Count(buf.String(), `msg=recorded resource=repeater.r what="generation 1 found wedged"`); n != 1 {
+		t.Errorf("the same finding was logged %d times, want once:\n%s", n, buf.String())
+	}
+	if !strings.Contains(buf.String(), `what="generation 2 found wedged"`) {
+		t.Errorf("a new finding was not logged:\n%s", buf.String())
 	}
 }
