@@ -32,7 +32,7 @@ go test -count=1 -timeout 30m ./...
 # duration-limited run with a bare "context deadline exceeded" and no failing input when
 # the deadline lands while a worker is busy (golang/go#75804), which a loaded CI machine
 # makes likely. FUZZTIME overrides every budget (e.g. FUZZTIME=60s for a longer look).
-for target in ./plans:FuzzLoad:15000 ./plans:FuzzParseChunks:20000 ./internal/proc:FuzzParseStat:50000 ./internal/engines:FuzzParseLine:100000 ./internal/engines:FuzzScan:30000; do
+for target in ./plans:FuzzLoad:15000 ./plans:FuzzParseChunks:20000 ./internal/proc:FuzzParseStat:50000 ./internal/engines:FuzzParseLine:100000 ./internal/engines:FuzzScan:30000 ./internal/gpu:FuzzParseXidLine:50000; do
 	pkg=${target%%:*}
 	rest=${target#*:}
 	name=${rest%%:*}

@@ -21,6 +21,11 @@
 // crashes. An error from Observe means something truly unexpected: a
 // cancelled context, or a panic inside NVML turned into an error.
 //
+// FaultWatch watches for GPU faults: the Xid lines of the kernel log (ParseXidLine,
+// KmsgFollower), NVML's Xid events and per-GPU health (NVMLHealth: ECC, row remapping,
+// retired pages, the driver's recovery action, a lost GPU), each fault given the action
+// NVIDIA's Xid catalog asks for (xid_catalog.tsv, XidAction).
+//
 // NVML has one trap this package exists to avoid: any NVML call after a
 // failed Init may kill the process. NVML.Observe therefore makes no call
 // after a failed Init (not even ErrorString, whose names this package keeps

@@ -74,24 +74,30 @@ type Process struct {
 // "0000:1b:00.0"; a bare "1b:00.0" gets domain 0. A string that is not a
 // PCI address is returned trimmed and lower-cased.
 func NormalizePCIBusID(s string) string {
+	id, _ := parsePCIBusID(s)
+	return id
+}
+
+// parsePCIBusID is NormalizePCIBusID, and whether s was a PCI address at all.
+func parsePCIBusID(s string) (string, bool) {
 	s = strings.ToLower(strings.TrimSpace(strings.TrimRight(s, "\x00")))
 	parts := strings.Split(s, ":")
 	if len(parts) == 2 {
 		parts = append([]string{"0"}, parts...)
 	}
 	if len(parts) != 3 {
-		return s
+		return s, false
 	}
 	devFn := strings.Split(parts[2], ".")
 	if len(devFn) != 2 {
-		return s
+		return s, false
 	}
 	domain, err1 := strconv.ParseUint(parts[0], 16, 32)
 	bus, err2 := strconv.ParseUint(parts[1], 16, 8)
 	dev, err3 := strconv.ParseUint(devFn[0], 16, 8)
 	fn, err4 := strconv.ParseUint(devFn[1], 16, 8)
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || dev > 0x1f || fn > 7 {
-		return s
+		return s, false
 	}
-	return fmt.Sprintf("%04x:%02x:%02x.%x", domain, bus, dev, fn)
+	return fmt.Sprintf("%04x:%02x:%02x.%x", domain, bus, dev, fn), true
 }

@@ -42,12 +42,7 @@ var stateMessages = [...]string{
 }
 
 // String returns the state's short name, such as "version-mismatch".
-func (s State) String() string {
-	if s < 0 || int(s) >= len(stateNames) {
-		return fmt.Sprintf("State(%d)", int(s))
-	}
-	return stateNames[s]
-}
+func (s State) String() string { return enumString(stateNames[:], int(s), "State") }
 
 // Message returns one line for the operator: what the state means and the fix.
 func (s State) Message() string {
@@ -58,20 +53,39 @@ func (s State) Message() string {
 }
 
 // MarshalText renders the state by its short name, for JSON status output.
-func (s State) MarshalText() ([]byte, error) {
-	if s < 0 || int(s) >= len(stateNames) {
-		return nil, fmt.Errorf("gpu: unknown state %d", int(s))
-	}
-	return []byte(stateNames[s]), nil
-}
+func (s State) MarshalText() ([]byte, error) { return enumMarshal(stateNames[:], int(s), "state") }
 
 // UnmarshalText parses a short name written by MarshalText.
 func (s *State) UnmarshalText(text []byte) error {
-	for i, name := range stateNames {
+	v, err := enumUnmarshal(stateNames[:], text, "state")
+	if err == nil {
+		*s = State(v)
+	}
+	return err
+}
+
+// enumString is names[v], or "Kind(v)" for a value without a name.
+func enumString(names []string, v int, kind string) string {
+	if v < 0 || v >= len(names) {
+		return fmt.Sprintf("%s(%d)", kind, v)
+	}
+	return names[v]
+}
+
+// enumMarshal is names[v] as text; a value without a name is an error.
+func enumMarshal(names []string, v int, kind string) ([]byte, error) {
+	if v < 0 || v >= len(names) {
+		return nil, fmt.Errorf("gpu: unknown %s %d", kind, v)
+	}
+	return []byte(names[v]), nil
+}
+
+// enumUnmarshal is the value named text.
+func enumUnmarshal(names []string, text []byte, kind string) (int, error) {
+	for i, name := range names {
 		if name == string(text) {
-			*s = State(i)
-			return nil
+			return i, nil
 		}
 	}
-	return fmt.Errorf("gpu: unknown state %q", text)
+	return 0, fmt.Errorf("gpu: unknown %s %q", kind, text)
 }
