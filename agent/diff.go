@@ -202,11 +202,14 @@ const (
 	// ReasonWedged: it runs and its front end answers, but its engine is proven wedged
 	// (its liveness probes went unanswered and it made no progress meanwhile).
 	ReasonWedged Reason = "wedged"
+	// ReasonGPUFault: a GPU it uses raised a fault that asks for the application to be
+	// restarted (an Xid of NVIDIA's catalog), quoted (docs/gpu.md, "When a GPU fails").
+	ReasonGPUFault Reason = "gpu_fault"
 )
 
 // Reasons lists every reason, for documentation and tests.
 var Reasons = []Reason{ReasonMissing, ReasonDiffers, ReasonIdentity, ReasonImmutable, ReasonGone, ReasonUnhealthy,
-	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate, ReasonUnrecorded, ReasonWedged}
+	ReasonUnverified, ReasonForeign, ReasonReboot, ReasonEnsureAbsent, ReasonOrphan, ReasonDestroy, ReasonMigrate, ReasonUnrecorded, ReasonWedged, ReasonGPUFault}
 
 // Describe is the reason for people.
 func (r Reason) Describe() string {
@@ -241,6 +244,8 @@ func (r Reason) Describe() string {
 		return "runs as planned, not recorded yet"
 	case ReasonWedged:
 		return "engine wedged"
+	case ReasonGPUFault:
+		return "its GPU faulted"
 	}
 	return string(r)
 }

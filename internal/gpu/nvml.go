@@ -35,6 +35,10 @@ func Default(root string) Observer {
 	return fallback{primary: NewNVML(nvml.New()), procfs: ProcFS{Root: root}}
 }
 
+// DefaultHealth is the HealthSource the agent uses on a real host: NVML through
+// libnvidia-ml.so.1.
+func DefaultHealth() HealthSource { return NewNVMLHealth(nvml.New(), nil) }
+
 // Observe implements Observer. A panic inside NVML (or a mock) becomes an
 // error; Shutdown still runs when Init succeeded.
 func (n *NVML) Observe(ctx context.Context) (info Info, err error) {

@@ -7,3 +7,6 @@ package gpu
 func Default(root string) Observer {
 	return ProcFS{Root: root}
 }
+
+// DefaultHealth is nil built without cgo: the fault watch reads the kernel log only.
+func DefaultHealth() HealthSource { return nil }

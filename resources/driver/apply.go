@@ -90,6 +90,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 	if err != nil {
 		return fmt.Errorf("observe after apply: %w", err)
 	}
+	o.GPUReboots = gpuRebootCauses(env, d.host)
 	causes := d.rebootCauses(o)
 	if len(causes) == 0 {
 		if rec.RebootRequired != nil {

@@ -169,6 +169,7 @@ type driverPlan struct {
 type rebootCause struct {
 	key    string // "580.95.05/module"
 	reason string // "installed 580.95.05, loaded 570.172.08"
+	never  string // what reboot = "never" tells the operator; "" is "reboot the host to load it"
 }
 
 // rebootCauses lists why the host needs a reboot now: the wanted version installed but
@@ -180,16 +181,16 @@ func (d *Driver) rebootCauses(o *driverObs) []rebootCause {
 		if loaded == "" {
 			loaded = "none"
 		}
-		cs = append(cs, rebootCause{d.version + "/module", fmt.Sprintf("installed %s, loaded %s", d.version, loaded)})
+		cs = append(cs, rebootCause{key: d.version + "/module", reason: fmt.Sprintf("installed %s, loaded %s", d.version, loaded)})
 	}
 	if o.Nouveau && o.NouveauBlacklisted != "" {
 		r := "nouveau is loaded and blacklisted (" + o.NouveauBlacklisted + ")"
 		if o.userspace() != d.version {
 			r += "; driver " + d.version + " installs after the reboot"
 		}
-		cs = append(cs, rebootCause{d.version + "/nouveau", r})
+		cs = append(cs, rebootCause{key: d.version + "/nouveau", reason: r})
 	}
-	return cs
+	return append(cs, o.GPUReboots...)
 }
 
 func (d *Driver) blacklistFile() *resources.File {
@@ -222,6 +223,7 @@ func (d *Driver) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if err != nil {
 		return nil, err
 	}
+	o.GPUReboots = gpuRebootCauses(env, d.host)
 	rec, err := d.load(env)
 	if err != nil {
 		return nil, err
@@ -340,7 +342,11 @@ func (d *Driver) decide(ctx context.Context, env *agent.Env, o *driverObs, rec d
 // rebootVerdict says, for one cause, whether to reboot now or what to warn.
 func (d *Driver) rebootVerdict(c rebootCause, o *driverObs, rec driverRecord) (warning string, reboot bool) {
 	if !d.rebootAllowed {
-		return fmt.Sprintf(`reboot required: %s (reboot = "never": reboot the host to load it)`, c.reason), false
+		never := c.never
+		if never == "" {
+			never = "reboot the host to load it"
+		}
+		return fmt.Sprintf(`reboot required: %s (reboot = "never": %s)`, c.reason, never), false
 	}
 	r := rec.RebootRequested
 	if r != nil && r.BootID == o.BootID {
@@ -409,6 +415,7 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	if err != nil {
 		return nil, err
 	}
+	o.GPUReboots = gpuRebootCauses(env, d.host)
 	rec, err := d.load(env)
 	if err != nil {
 		return nil, err

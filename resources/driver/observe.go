@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/bytesize"
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/resources"
@@ -52,6 +53,26 @@ type driverObs struct {
 	NouveauBlacklisted string // a modprobe.d file that blacklists nouveau; "" when none
 
 	BootID string // this boot's id; "" when not readable
+
+	// GPUReboots are the GPUs whose faults ask for the machine to be rebooted (the
+	// server kind's fault watch under agent run; docs/gpu.md, "When a GPU fails").
+	GPUReboots []rebootCause
+}
+
+// gpuRebootCauses are the reboots the judgements of m's GPUs ask for: one cause per GPU
+// and fault, so a reboot that did not clear it is not asked for again.
+func gpuRebootCauses(env *agent.Env, m resources.Machine) []rebootCause {
+	h, ok := resources.FaultsOf(env, m, false)
+	if !ok {
+		return nil
+	}
+	var out []rebootCause
+	for _, j := range h.Reboots() {
+		f := j.Cause
+		out = append(out, rebootCause{key: fmt.Sprintf("gpu/%s/%s/%d/%d", j.PCIBusID, f.Kind, f.Xid, f.At.Unix()),
+			reason: j.Name() + " " + gpu.Explain(*f), never: "reboot the host to bring the GPU back"})
+	}
+	return out
 }
 
 // userspace is the installed userspace version the driver resource compares: the

@@ -65,6 +65,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			r.Reverts = det.prev.Reverts
 		}
 		carryWedge(r, det.prev)
+		carryGPUFault(r, det.prev)
 		if det.again {
 			r.Rejected, r.RevertOf = det.prev.Rejected, det.prev.RevertOf
 		}

@@ -66,6 +66,9 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 // reason the loop holds a rejected change back, when not said yet.
 func (s *Server) decide(o *observation) (d *agent.Diff, held string, err error) {
 	rec := o.rec
+	if d, ok := s.gpuFaultDiff(o); ok {
+		return s.settled(o, d), "", nil
+	}
 	if o.alive && o.noEndpoint != nil && len(s.identityChanges(&rec)) == 0 {
 		// Never a relaunch for what the agent cannot probe.
 		d := agent.NoChange()

@@ -43,8 +43,11 @@ type observation struct {
 	probed   bool
 	notReady string
 	liveness watchedLiveness
-	said     bool // the hold of rec's rejected change was logged already
-	holder   portHolding
+	// gpuAct is a GPU fault to relaunch rec's generation for; gpuHeld the one it was
+	// relaunched for already, whose GPU needs a reboot (gpufault.go).
+	gpuAct, gpuHeld *gpuFaultIncident
+	said            bool // the hold of rec's rejected change was logged already
+	holder          portHolding
 	// fit is the preflight's verdict for a launch (fits when it cannot tell).
 	fitMsg string
 	fits   bool
@@ -111,6 +114,9 @@ func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observa
 		return nil, nil, err
 	}
 	o.liveness = livenessSeen(env)
+	if has {
+		o.gpuAct, o.gpuHeld = s.gpuFaultNow(env, rec)
+	}
 	if r := rec.Rejected; r != nil {
 		_, o.said = env.Memory.Load(heldKey(env.Addr, r))
 	}

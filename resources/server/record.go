@@ -90,6 +90,8 @@ type serverRecord struct {
 	// evidence, and how many generations of this server were found wedged.
 	Wedge  *wedgeIncident `json:"wedge,omitempty"`
 	Wedges int            `json:"wedges,omitempty"`
+	// GPUFault is the GPU fault a generation was relaunched for (gpufault.go).
+	GPUFault *gpuFaultIncident `json:"gpu_fault,omitempty"`
 	// Start is this generation's start (its phases, read from its log once it verified:
 	// server_phases.go); PrevStart the newest verified start before it, which a start of
 	// the same identity is compared with.

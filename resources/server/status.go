@@ -155,6 +155,7 @@ func (s *Server) statusLive(ctx context.Context, env *agent.Env, st *agent.Statu
 		problems = append(problems, "not ready")
 	}
 	problems = append(problems, s.statusLiveness(field, st.Metrics, env, rec, ready == "")...)
+	problems = append(problems, s.statusGPUFault(field, env, rec)...)
 	logFields(field, m, st.Metrics)
 	if s.enableMetrics && s.port > 0 {
 		if pm, err := lc.Metrics(ctx, s.port); err != nil {

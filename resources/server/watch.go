@@ -40,7 +40,7 @@ const WatchProbeEvery = 5 * time.Second
 // that a server within its grace is not observed again and again. Its liveness check
 // (server_liveness.go) runs here too: Watch returns once the engine is proven wedged,
 // and Check relaunches it.
-func (s *Server) Watch(ctx context.Context, env *agent.Env) error {
+func (s *Server) watchServer(ctx context.Context, env *agent.Env) error {
 	var rec serverRecord
 	has, err := env.State.Load(&rec)
 	if err != nil {

@@ -1,0 +1,109 @@
+package resources
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/gpu"
+)
+
+// HostFaults is the GPU fault watch of one host and its judgements (docs/gpu.md, "When a
+// GPU fails"), shared by the kinds through the loop's memory (agent.Memory): the server
+// kind's watches poll it under `agent run` and act on the judgements of the GPUs their
+// servers use; the nvidia_driver kind reads the reboots they ask for.
+type HostFaults struct {
+	mu      sync.Mutex
+	root    string
+	watch   *gpu.FaultWatch
+	obs     gpu.Observer
+	book    gpu.Book
+	devices []gpu.Device
+	seenAt  time.Time // when devices were observed
+	polled  time.Time
+}
+
+// FaultPoll is how often the fault watch reads the kernel log and NVML.
+const FaultPoll = time.Second
+
+// FaultsOf is m's fault watch in env's memory: made on first use when create is set;
+// ok is false when there is none (nothing polls it: `agent apply`, or no server watched).
+func FaultsOf(env *agent.Env, m Machine, create bool) (*HostFaults, bool) {
+	key := "gpu faults " + m.Root
+	if !create {
+		x, ok := env.Memory.Load(key)
+		if !ok {
+			return nil, false
+		}
+		return x.(*HostFaults), true
+	}
+	obs := m.GPU
+	var health gpu.HealthSource
+	if obs == nil {
+		obs, health = gpu.Default(m.Root), gpu.DefaultHealth()
+	}
+	x, _ := env.Memory.LoadOrStore(key, &HostFaults{root: m.Root, obs: obs, watch: &gpu.FaultWatch{Root: m.Root, Health: health}})
+	return x.(*HostFaults), true
+}
+
+// Poll reads what is new, at most once per FaultPoll, and logs each new fault.
+func (h *HostFaults) Poll(ctx context.Context, env *agent.Env) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := env.Now()
+	if now.Sub(h.polled) < FaultPoll {
+		return
+	}
+	h.polled = now
+	if now.Sub(h.seenAt) > 30*time.Second || h.devices == nil {
+		if info, err := h.obs.Observe(ctx); err == nil {
+			h.devices, h.seenAt = info.GPUs, now
+		}
+	}
+	faults, health, err := h.watch.Poll(ctx, h.devices)
+	if err != nil {
+		env.Log.Warn("GPU fault watch", "error", err)
+	}
+	for _, f := range h.book.Record(BootID(h.root), now, faults, health) {
+		attrs := []any{"gpu", f.GPU, "pci", f.PCIBusID, "xid", f.Xid, "action", f.Action.String(), "line", f.Line}
+		if f.GPU < 0 {
+			env.Log.Warn("GPU fault on a PCI bus id this host has no GPU at: reported, nothing done", attrs...)
+			continue
+		}
+		env.Log.Warn("GPU fault", attrs...)
+	}
+}
+
+// Devices are the GPUs last observed.
+func (h *HostFaults) Devices() []gpu.Device {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.devices
+}
+
+// Book is the judgements, one per GPU.
+func (h *HostFaults) Book() *gpu.Book { return &h.book }
+
+// Reboots are the GPUs whose judgement asks for the machine to be rebooted.
+func (h *HostFaults) Reboots() []gpu.Judgement {
+	var out []gpu.Judgement
+	for _, j := range h.book.All() {
+		if j.Standing == gpu.ActionReboot && j.Cause != nil {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// BootID is this boot's id under root ("" is "/"); "" when unknown.
+func BootID(root string) string {
+	if root == "" {
+		root = "/"
+	}
+	b, _ := os.ReadFile(filepath.Join(root, "proc", "sys", "kernel", "random", "boot_id"))
+	return strings.TrimSpace(string(b))
+}
