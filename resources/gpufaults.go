@@ -2,6 +2,7 @@ package resources
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,6 +98,55 @@ func (h *HostFaults) Reboots() []gpu.Judgement {
 		}
 	}
 	return out
+}
+
+// Escalate makes GPU index's judgement a reboot: a reset that could not be done or did
+// not help (why).
+func (h *HostFaults) Escalate(env *agent.Env, index int, why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := gpu.Fault{At: env.Now(), GPU: index, Kind: gpu.FaultResetFailed, Text: why, Source: "agent", Action: gpu.ActionReboot}
+	for _, d := range h.devices {
+		if d.Index == index {
+			f.PCIBusID, f.UUID = d.PCIBusID, d.UUID
+		}
+	}
+	h.book.Record(h.book.Boot(), f.At, []gpu.Fault{f}, nil)
+}
+
+// Healthy reads GPU index again, at once, after a reset: "" when it is seen and NVML
+// reports no problem on it (its judgement is then cleared), else what is wrong.
+func (h *HostFaults) Healthy(ctx context.Context, env *agent.Env, index int) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	info, err := h.obs.Observe(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	h.devices, h.seenAt = info.GPUs, env.Now()
+	seen := false
+	for _, d := range info.GPUs {
+		seen = seen || d.Index == index
+	}
+	if !seen || info.State != gpu.StateOK {
+		return fmt.Sprintf("GPU %d is not seen (%s)", index, info.State)
+	}
+	var health []gpu.Health
+	if h.watch.Health != nil {
+		var err error
+		if health, _, err = h.watch.Health.Health(ctx); err != nil {
+			return err.Error()
+		}
+	}
+	for _, hl := range health {
+		if hl.Index == index {
+			if p := hl.Problems(env.Now()); len(p) > 0 {
+				return p[0].Text
+			}
+		}
+	}
+	h.book.Clear(index)
+	return ""
 }
 
 // BootID is this boot's id under root ("" is "/"); "" when unknown.

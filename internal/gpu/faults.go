@@ -38,6 +38,7 @@ const (
 	FaultRemapFailed    = "remap-failed"
 	FaultRetiredPending = "retired-pages-pending"
 	FaultRecovery       = "recovery-action"
+	FaultResetFailed    = "reset-failed" // the agent's reset could not be done or did not help
 )
 
 // Describe is the fault for people: "Xid 79 at 10:04:05: GPU has fallen off the bus."

@@ -121,6 +121,16 @@ func keepLast(fs []Fault) []Fault {
 	return fs
 }
 
+// Clear forgets GPU gpu's standing judgement and the fault to act on: it was reset and is
+// healthy again. Its last faults and counts stay.
+func (b *Book) Clear(gpu int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if j := b.gpus[gpu]; j != nil {
+		j.Standing, j.Cause, j.Latest = ActionIgnore, nil, nil
+	}
+}
+
 // Boot is the boot id the book judges.
 func (b *Book) Boot() string {
 	b.mu.Lock()

@@ -57,6 +57,9 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if err := s.stopInTheWay(ctx, env, lc, det); err != nil {
 		return err
 	}
+	if det.reset != nil {
+		s.resetGPU(ctx, env, det.reset)
+	}
 	retiring := retiringOf(det) // kept serving until Finish (a migration), in every record from here
 	lastGood := s.lastGoodFor(det.prev)
 	rec, err := s.launchGeneration(ctx, env, lc, launchPlan{held: det.prev, prevGen: prevGen, keep: func(r *serverRecord) {
@@ -65,7 +68,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			r.Reverts = det.prev.Reverts
 		}
 		carryWedge(r, det.prev)
-		carryGPUFault(r, det.prev)
+		carryGPUFault(r, det.prev, det.reset)
 		if det.again {
 			r.Rejected, r.RevertOf = det.prev.Rejected, det.prev.RevertOf
 		}

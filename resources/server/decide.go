@@ -38,6 +38,8 @@ type serverDetail struct {
 	// smoke: prev runs and matches, and the plan's smoke test changed since its last
 	// run: run it against the running server (server_smoke.go).
 	smoke bool
+	// reset: the GPU to reset once prev is stopped, before the launch (gpureset.go).
+	reset *gpuReset
 }
 
 // Check observes the server (observe: its record, its process and its place, through

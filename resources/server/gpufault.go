@@ -139,12 +139,15 @@ func (s *Server) gpuFaultDiff(o *observation) (*agent.Diff, bool) {
 	switch act.Action {
 	case gpu.ActionReboot:
 		c.Note += "; one attempt, then held until the host reboots"
-	case gpu.ActionResetGPU:
-		c.Note += "; the catalog asks for a GPU reset, which this agent does not run: relaunched only"
+	}
+	det := &serverDetail{prev: &r, stop: true}
+	if act.Action == gpu.ActionResetGPU {
+		det.reset = &gpuReset{index: act.GPU, bus: act.PCIBusID}
+		c.Note += fmt.Sprintf("; stopped, verified, then nvidia-smi --gpu-reset -i %d (only when nothing else uses the GPU), then relaunched", act.GPU)
 	}
 	return &agent.Diff{
 		Changes: []agent.Change{c.Because(agent.Restarts, agent.ReasonGPUFault)},
-		Detail:  &serverDetail{prev: &r, stop: true},
+		Detail:  det,
 		Record:  agent.SaveRecord(&r, fmt.Sprintf("generation %d (pid %d): %s: %s", rec.Generation, rec.PID, act.Explain, quote)),
 	}, true
 }
@@ -153,11 +156,17 @@ func heldMessage(i *gpuFaultIncident) string {
 	return fmt.Sprintf("reboot required: %s; held after one relaunch (generation %d), not relaunched again until the host reboots", i.Explain, i.Generation)
 }
 
-// carryGPUFault keeps in a new generation's record the GPU fault of the one it replaces.
-func carryGPUFault(r, prev *serverRecord) {
-	if prev != nil && prev.GPUFault != nil {
-		r.GPUFault = prev.GPUFault
+// carryGPUFault keeps in a new generation's record the GPU fault of the one it replaces;
+// a reset that failed makes it a reboot, for which this launch was the one attempt.
+func carryGPUFault(r, prev *serverRecord, reset *gpuReset) {
+	if prev == nil || prev.GPUFault == nil {
+		return
 	}
+	i := *prev.GPUFault
+	if reset != nil && reset.failed != "" {
+		i.Action, i.Explain = gpu.ActionReboot, i.Explain+"; GPU reset not done: "+reset.failed
+	}
+	r.GPUFault = &i
 }
 
 // statusGPUFault shows the GPU fault the server was last relaunched for, and the reboot
