@@ -38,6 +38,14 @@ func (m *Memory) LoadOrStore(key string, v any) (actual any, loaded bool) {
 	return m.m.LoadOrStore(key, v)
 }
 
+// Range calls f for each key and what it holds, until f returns false (sync.Map's Range:
+// no consistent snapshot). `agent run` exports the values that are Prometheus collectors.
+func (m *Memory) Range(f func(key string, v any) bool) {
+	if m != nil {
+		m.m.Range(func(k, v any) bool { return f(k.(string), v) })
+	}
+}
+
 // Delete forgets key.
 func (m *Memory) Delete(key string) {
 	if m != nil {

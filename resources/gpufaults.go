@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // HostFaults is the GPU fault watch of one host and its judgements (docs/gpu.md, "When a
@@ -156,4 +158,81 @@ func BootID(root string) string {
 	}
 	b, _ := os.ReadFile(filepath.Join(root, "proc", "sys", "kernel", "random", "boot_id"))
 	return strings.TrimSpace(string(b))
+}
+
+var (
+	gpuXidDesc = prometheus.NewDesc("agent_gpu_xid_total",
+		"Xid errors seen on each GPU this boot (kernel log and NVML), by code (docs/gpu.md, When a GPU fails).", []string{"gpu", "xid"}, nil)
+	gpuHealthyDesc = prometheus.NewDesc("agent_gpu_healthy",
+		"0 while a GPU's faults ask for a reset or a reboot (or NVML reports a problem on it), else 1.", []string{"gpu"}, nil)
+	gpuLostDesc = prometheus.NewDesc("agent_gpu_lost",
+		"1 when a GPU is lost: fallen off the bus (Xid 79) or NVML's GPU is lost.", []string{"gpu"}, nil)
+	gpuECCDesc = prometheus.NewDesc("agent_gpu_ecc_uncorrectable_total",
+		"Uncorrectable ECC errors over the GPU's life (NVML's aggregate count); only where NVML reports it.", []string{"gpu"}, nil)
+	gpuRemapPendingDesc = prometheus.NewDesc("agent_gpu_remap_pending",
+		"1 while a row remap waits for a GPU reset; only where NVML reports row remapping.", []string{"gpu"}, nil)
+	gpuRemapFailedDesc = prometheus.NewDesc("agent_gpu_remap_failed",
+		"1 when a row remap failed; only where NVML reports row remapping.", []string{"gpu"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (h *HostFaults) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{gpuXidDesc, gpuHealthyDesc, gpuLostDesc, gpuECCDesc, gpuRemapPendingDesc, gpuRemapFailedDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: the agent_gpu_* families, one series per GPU
+// the host has (and per GPU and code for Xids), exported by `agent run` from the loop's
+// memory.
+func (h *HostFaults) Collect(ch chan<- prometheus.Metric) {
+	judged := map[int]gpu.Judgement{}
+	for _, j := range h.book.All() {
+		judged[j.GPU] = j
+	}
+	gpus := map[int]bool{}
+	for _, d := range h.Devices() {
+		gpus[d.Index] = true
+	}
+	for i := range judged {
+		gpus[i] = true
+	}
+	for i := range gpus {
+		idx := strconv.Itoa(i)
+		j := judged[i]
+		for code, n := range j.XidTotal {
+			ch <- prometheus.MustNewConstMetric(gpuXidDesc, prometheus.CounterValue, float64(n), idx, strconv.Itoa(code))
+		}
+		healthy, lost := 1.0, 0.0
+		if j.Standing >= gpu.ActionResetGPU {
+			healthy = 0
+		}
+		if c := j.Cause; c != nil && (c.Kind == gpu.FaultLost || c.Kind == gpu.FaultXid && c.Xid == 79) {
+			lost = 1
+		}
+		if hl := j.Health; hl != nil {
+			if len(hl.Problems(time.Time{})) > 0 {
+				healthy = 0
+			}
+			if hl.Lost {
+				lost = 1
+			}
+			if hl.ECCKnown {
+				ch <- prometheus.MustNewConstMetric(gpuECCDesc, prometheus.CounterValue, float64(hl.ECCAggregate), idx)
+			}
+			if hl.RemapKnown {
+				ch <- prometheus.MustNewConstMetric(gpuRemapPendingDesc, prometheus.GaugeValue, b2f(hl.RemapPending), idx)
+				ch <- prometheus.MustNewConstMetric(gpuRemapFailedDesc, prometheus.GaugeValue, b2f(hl.RemapFailed), idx)
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(gpuHealthyDesc, prometheus.GaugeValue, healthy, idx)
+		ch <- prometheus.MustNewConstMetric(gpuLostDesc, prometheus.GaugeValue, lost, idx)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -175,6 +177,16 @@ func TestGPUFaultsUnderAgentRun(t *testing.T) {
 	if err := syscall.Kill(-held.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	metrics := getMetrics(t, base)
+	for _, want := range []string{`agent_gpu_xid_total{gpu="0",xid="43"} 1`, `agent_gpu_xid_total{gpu="1",xid="79"} 1`,
+		`agent_gpu_healthy{gpu="0"} 1`, `agent_gpu_healthy{gpu="1"} 0`, `agent_gpu_lost{gpu="1"} 1`, `agent_gpu_lost{gpu="0"} 0`} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(metrics, `agent_gpu_ecc_uncorrectable_total`) {
+		t.Error("ECC counts without NVML: they are not known here")
+	}
 	time.Sleep(10 * time.Second) // five resyncs of 2 s
 	if r := readFault(t, stateDir, "gpu1"); r.Generation != 2 {
 		t.Errorf("GPU 1's server was relaunched %d times after the Xid 79, want once (then held)", r.Generation-1)
@@ -182,4 +194,18 @@ func TestGPUFaultsUnderAgentRun(t *testing.T) {
 	if a := readFault(t, stateDir, "gpu0"); a.Generation != 2 {
 		t.Errorf("GPU 0's server moved with GPU 1's fault: generation %d", a.Generation)
 	}
+}
+
+func getMetrics(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

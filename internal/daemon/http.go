@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/view"
 )
 
@@ -100,6 +101,22 @@ type metrics struct {
 	status      *statusCollector
 }
 
+// memoryCollector exports what the kinds keep in the loop's memory (agent.Memory) that is
+// a Prometheus collector of its own (the GPU fault watch's agent_gpu_* families): the
+// loop knows no kind, only that they collect. Unchecked: it describes nothing up front.
+type memoryCollector struct{ mem *agent.Memory }
+
+func (memoryCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mem.Range(func(_ string, v any) bool {
+		if col, ok := v.(prometheus.Collector); ok {
+			col.Collect(ch)
+		}
+		return true
+	})
+}
+
 // resourceLabels are the labels of every per-resource series, loop and status alike:
 // the address in resource, the kind in kind, so that alerts join any two series on
 // resource without label_replace (docs/service.md, "Metrics").
@@ -133,7 +150,7 @@ func newMetrics(d *Daemon) *metrics {
 	m.reg.MustRegister(m.reconciles, m.duration, m.failures, m.drift, m.repairs, m.repairTime, m.lastSuccess, m.planValid, m.status,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "agent_queue_depth",
 			Help: "Resources queued for a worker."}, func() float64 { return float64(d.queue.Len()) }),
-		&loopCollector{d: d})
+		&loopCollector{d: d}, memoryCollector{d.memory})
 	// The agent's own process and runtime: up, memory, file descriptors, goroutines.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
