@@ -23,7 +23,7 @@ func (twoGPUs) Observe(context.Context) (gpu.Info, error) {
 type healthNow []gpu.Health
 
 func (h healthNow) Health(context.Context) ([]gpu.Health, []gpu.Fault, error) { return h, nil, nil }
-func (healthNow) Close() error                                                  { return nil }
+func (healthNow) Close() error                                                { return nil }
 
 // The agent_gpu_* families: ECC and row remapping from NVML's health, healthy 0 for a GPU
 // whose health asks for a reset, and one series per GPU the host has.
