@@ -131,6 +131,22 @@ type Status struct {
 	// same label names (Prometheus wants one label set per metric name): give a label
 	// that does not apply the value "".
 	Series []Series `json:"series"`
+	// Faults are the faults the resource saw on what it manages, newest last (the
+	// nvidia_driver's GPUs' Xid errors and health, docs/gpu.md): typed for machines, shown
+	// to people through Fields.
+	Faults []Fault `json:"faults"`
+}
+
+// Fault is one fault seen on something a resource manages.
+type Fault struct {
+	At      time.Time `json:"at"`
+	Subject string    `json:"subject"` // what faulted, as the plan's notation indexes it: "gpu[1]"
+	Device  string    `json:"device"`  // its address on the host ("0000:41:00.0"); "" when none
+	Kind    string    `json:"kind"`    // "xid", "gpu-lost", "remap-failed", …
+	Code    int       `json:"code"`    // the Xid; 0 when the kind has no code
+	Action  string    `json:"action"`  // what it asks for: "ignore", "contact-support", "restart-app", "reset-gpu", "reboot"
+	Text    string    `json:"text"`
+	Line    string    `json:"line"` // the log line that reported it, quoted; "" when none
 }
 
 // Series is one labelled number of a Status: Name as a Metrics key (snake_case, unit

@@ -14,6 +14,7 @@ import (
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/fleet"
+	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 )
@@ -44,7 +45,8 @@ func documents(t *testing.T) map[string][]byte {
 		agent.DurationField("next_try_seconds", "next try", 1500*time.Millisecond),
 		agent.BytesField(`done_bytes["model.safetensors"]`, "file model.safetensors", 52<<30),
 		agent.TextField("gpu[0]", "gpu 0", "NVIDIA RTX A6000"),
-	}}
+	}, Faults: []agent.Fault{{At: now, Subject: "gpu[1]", Device: "0000:41:00.0", Kind: gpu.FaultXid, Code: 79, Action: gpu.ActionReboot.String(),
+		Text: "GPU has fallen off the bus.", Line: "NVRM: Xid (PCI:0000:41:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}}}
 	failed := &agent.Step{Addr: "file.motd", Err: errors.New("file.motd: permission denied")}
 	steps := func(command string) *agent.Report {
 		rep := &agent.Report{Steps: []*agent.Step{
@@ -125,6 +127,13 @@ func TestSchemaRefusesWrongDocuments(t *testing.T) {
 	}
 	for _, m := range []mutation{
 		{"old format_version", "plan", func(d map[string]any) { d["format_version"] = "2" }},
+		{"status without faults", "status", func(d map[string]any) { delete(res(d)["status"].(map[string]any), "faults") }},
+		{"a fault asking for an unknown action", "status", func(d map[string]any) {
+			res(d)["status"].(map[string]any)["faults"].([]any)[0].(map[string]any)["action"] = "pray"
+		}},
+		{"a fault without its line", "status", func(d map[string]any) {
+			delete(res(d)["status"].(map[string]any)["faults"].([]any)[0].(map[string]any), "line")
+		}},
 		{"unknown command", "plan", func(d map[string]any) { d["command"] = "export" }},
 		{"extra top-level field", "plan", func(d map[string]any) { d["extra"] = 1 }},
 		{"missing error", "plan", func(d map[string]any) { delete(d, "error") }},
@@ -234,6 +243,28 @@ func TestSchemaEnumsAreTheEngines(t *testing.T) {
 		if got := s.Defs[def].Enum; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("$defs.%s.enum = %q, want %q", def, got, want)
 		}
+	}
+	var f struct {
+		Defs struct {
+			Fault struct {
+				Properties map[string]struct {
+					Enum []string `json:"enum"`
+				} `json:"properties"`
+			} `json:"fault"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(OutputV3, &f); err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for a := gpu.ActionIgnore; a <= gpu.ActionReboot; a++ {
+		actions = append(actions, a.String())
+	}
+	if got := f.Defs.Fault.Properties["action"].Enum; fmt.Sprint(got) != fmt.Sprint(actions) {
+		t.Errorf("$defs.fault.action.enum = %q, want %q", got, actions)
+	}
+	if got := f.Defs.Fault.Properties["kind"].Enum; fmt.Sprint(got) != fmt.Sprint(gpu.FaultKinds) {
+		t.Errorf("$defs.fault.kind.enum = %q, want %q", got, gpu.FaultKinds)
 	}
 	if !strings.Contains(string(OutputV3), `"format_version": { "const": `+strconv.Quote(view.FormatVersion)+` }`) {
 		t.Errorf("the schema is not the one of format_version %q", view.FormatVersion)

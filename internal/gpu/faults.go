@@ -41,6 +41,9 @@ const (
 	FaultResetFailed    = "reset-failed" // the agent's reset could not be done or did not help
 )
 
+// FaultKinds are the kinds of Fault, in the order the --json schema lists them.
+var FaultKinds = []string{FaultXid, FaultLost, FaultResetRequired, FaultRemapPending, FaultRemapFailed, FaultRetiredPending, FaultRecovery, FaultResetFailed}
+
 // Describe is the fault for people: "Xid 79 at 10:04:05: GPU has fallen off the bus."
 func (f Fault) Describe() string {
 	what := f.Text

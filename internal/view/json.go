@@ -231,7 +231,7 @@ func jsonResource(command string, st *agent.Step, r *Redactor) JSONResource {
 // rather than absent (a failed status is {healthy: false, summary: "", ...}), secrets
 // redacted.
 func jsonStatus(in *agent.Status, r *Redactor) *agent.Status {
-	s := &agent.Status{Fields: []agent.Field{}, Metrics: map[string]float64{}, Series: []agent.Series{}}
+	s := &agent.Status{Fields: []agent.Field{}, Metrics: map[string]float64{}, Series: []agent.Series{}, Faults: []agent.Fault{}}
 	if in == nil {
 		return s
 	}
@@ -253,6 +253,10 @@ func jsonStatus(in *agent.Status, r *Redactor) *agent.Status {
 		}
 		x.Labels = labels
 		s.Series = append(s.Series, x)
+	}
+	for _, f := range in.Faults {
+		f.Text, f.Line = r.String(f.Text), r.String(f.Line)
+		s.Faults = append(s.Faults, f)
 	}
 	return s
 }

@@ -467,6 +467,7 @@ func (d *Driver) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 			add(agent.NumberField(fmt.Sprintf("gpu_processes[%d]", g.Index), fmt.Sprintf("gpu %d processes", g.Index), len(g.Processes)).WithText(describeProcesses(d.host, g.Processes)))
 		}
 	}
+	d.statusGPUFaults(add, st, env, o.Info.GPUs)
 	if rec.LastInstall != nil {
 		add(agent.TimeField("last_install_at", "last install", rec.LastInstall.At).WithText(fmt.Sprintf("%s via %s at %s, log %s", rec.LastInstall.Version, rec.LastInstall.Method,
 			agent.HumanTime(rec.LastInstall.At), rec.LastInstall.Log)))

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,25 @@ func TestDriverRebootsForAGPUFault(t *testing.T) {
 			}
 			if got := run.ran(); len(got) != 0 {
 				t.Errorf("reboot = never ran %q", got)
+			}
+			// Status: each GPU's health and last faults, for people and typed.
+			st := oneStep(t, e.Status(ctx)).Status
+			fields := map[string]string{}
+			for _, f := range st.Fields {
+				fields[f.Key] = f.Text
+			}
+			if got := fields["gpu_health[1]"]; !strings.HasPrefix(got, "reboot required: fell off the bus (Xid 79 at ") {
+				t.Errorf("gpu_health[1] = %q", got)
+			}
+			if got := fields["gpu_health[0]"]; got != "healthy" {
+				t.Errorf("gpu_health[0] = %q", got)
+			}
+			if st.Healthy || len(st.Faults) != 1 {
+				t.Fatalf("status: %+v", st)
+			}
+			if f := st.Faults[0]; f.Subject != "gpu[1]" || f.Device != "0000:c1:00.0" || f.Kind != "xid" || f.Code != 79 || f.Action != "reboot" ||
+				!strings.HasPrefix(f.Line, "NVRM: Xid (PCI:0000:c1:00): 79") {
+				t.Errorf("fault: %+v", f)
 			}
 			continue
 		}
