@@ -20,7 +20,8 @@ import (
 // kind's watches poll it under `agent run` and act on the judgements of the GPUs their
 // servers use; the nvidia_driver kind reads the reboots they ask for.
 type HostFaults struct {
-	mu      sync.Mutex
+	polling sync.Mutex // one poll at a time (the watch is read by one goroutine); held through its reads
+	mu      sync.Mutex // the fields below; never held through a read of the host
 	root    string
 	watch   *gpu.FaultWatch
 	obs     gpu.Observer
@@ -55,19 +56,29 @@ func FaultsOf(env *agent.Env, m Machine, create bool) (*HostFaults, bool) {
 
 // Poll reads what is new, at most once per FaultPoll, and logs each new fault.
 func (h *HostFaults) Poll(ctx context.Context, env *agent.Env) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	if !h.polling.TryLock() {
+		return // another watch is polling now
+	}
+	defer h.polling.Unlock()
 	now := env.Now()
-	if now.Sub(h.polled) < FaultPoll {
+	h.mu.Lock()
+	due, stale, devices := now.Sub(h.polled) >= FaultPoll, now.Sub(h.seenAt) > 30*time.Second || h.devices == nil, h.devices
+	if due {
+		h.polled = now
+	}
+	h.mu.Unlock()
+	if !due {
 		return
 	}
-	h.polled = now
-	if now.Sub(h.seenAt) > 30*time.Second || h.devices == nil {
+	if stale {
 		if info, err := h.obs.Observe(ctx); err == nil {
-			h.devices, h.seenAt = info.GPUs, now
+			devices = info.GPUs
+			h.mu.Lock()
+			h.devices, h.seenAt = devices, now
+			h.mu.Unlock()
 		}
 	}
-	faults, health, err := h.watch.Poll(ctx, h.devices)
+	faults, health, err := h.watch.Poll(ctx, devices)
 	if err != nil {
 		env.Log.Warn("GPU fault watch", "error", err)
 	}
@@ -119,13 +130,15 @@ func (h *HostFaults) Escalate(env *agent.Env, index int, why string) {
 // Healthy reads GPU index again, at once, after a reset: "" when it is seen and NVML
 // reports no problem on it (its judgement is then cleared), else what is wrong.
 func (h *HostFaults) Healthy(ctx context.Context, env *agent.Env, index int) string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.polling.Lock()
+	defer h.polling.Unlock()
 	info, err := h.obs.Observe(ctx)
 	if err != nil {
 		return err.Error()
 	}
+	h.mu.Lock()
 	h.devices, h.seenAt = info.GPUs, env.Now()
+	h.mu.Unlock()
 	seen := false
 	for _, d := range info.GPUs {
 		seen = seen || d.Index == index

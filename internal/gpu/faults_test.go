@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -151,5 +152,35 @@ func TestHealthProblems(t *testing.T) {
 		if kinds[i] != want[i] {
 			t.Errorf("problem %d: %s, want %s", i, kinds[i], want[i])
 		}
+	}
+}
+
+// The host's own /dev/kmsg (a character device, each read one record, EAGAIN at the end)
+// is read to its end and returns: a read that blocked would hold every server's watch.
+func TestKmsgFollowerReadsTheRealDeviceToItsEnd(t *testing.T) {
+	if _, err := os.Stat("/dev/kmsg"); err != nil {
+		t.Logf("no /dev/kmsg here: %v; the device path is not exercised", err)
+		return
+	}
+	k := NewKmsgFollower("/dev/kmsg")
+	defer k.Close()
+	done := make(chan error, 1)
+	n := 0
+	go func() { done <- k.Read(func(KmsgRecord) { n++ }) }()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, os.ErrPermission) {
+			t.Fatalf("Read: %v", err)
+		}
+		t.Logf("%d records", n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("reading /dev/kmsg did not return: a non-blocking read must end at EAGAIN")
+	}
+	second := make(chan error, 1)
+	go func() { second <- k.Read(func(KmsgRecord) {}) }()
+	select {
+	case <-second:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second read of /dev/kmsg with nothing new did not return")
 	}
 }

@@ -18,7 +18,8 @@ import (
 // it; the judgement of each GPU remembers the sequence numbers it has acted on.
 type KmsgFollower struct {
 	path    string
-	f       *os.File
+	f       *os.File // the regular file
+	fd      int      // the device, read with read(2) itself: an *os.File of a non-blocking character device would park on EAGAIN in Go's poller
 	device  bool
 	off     int64
 	ino     uint64
@@ -51,24 +52,24 @@ func (k *KmsgFollower) Read(fn func(KmsgRecord)) error {
 }
 
 func (k *KmsgFollower) open() error {
-	if k.f != nil {
+	if k.f != nil || k.device {
 		return nil
 	}
 	fi, err := os.Stat(k.path)
 	if err != nil {
 		return err
 	}
-	flags := os.O_RDONLY
+	k.buf = make([]byte, kmsgRecordMax)
 	if fi.Mode()&os.ModeCharDevice != 0 {
-		k.device = true
-		flags |= syscall.O_NONBLOCK
+		fd, err := syscall.Open(k.path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "open", Path: k.path, Err: err}
+		}
+		k.fd, k.device = fd, true
+		return nil
 	}
-	f, err := os.OpenFile(k.path, flags, 0)
-	if err != nil {
-		return err
-	}
-	k.f, k.buf = f, make([]byte, kmsgRecordMax)
-	return nil
+	k.f, err = os.Open(k.path)
+	return err
 }
 
 // readDevice reads /dev/kmsg: one record per read, EAGAIN at the end, EPIPE when the
@@ -76,14 +77,16 @@ func (k *KmsgFollower) open() error {
 // one left).
 func (k *KmsgFollower) readDevice(fn func(KmsgRecord)) error {
 	for {
-		n, err := k.f.Read(k.buf)
+		n, err := syscall.Read(k.fd, k.buf)
 		switch {
 		case errors.Is(err, syscall.EAGAIN):
 			return nil
-		case errors.Is(err, syscall.EPIPE):
+		case errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.EINTR):
 			continue
 		case err != nil:
 			return fmt.Errorf("gpu: kernel log %s: %w", k.path, err)
+		case n <= 0:
+			return nil
 		}
 		line, _, _ := bytes.Cut(k.buf[:n], []byte("\n"))
 		if r, ok := ParseKmsgRecord(string(line)); ok {
@@ -150,7 +153,10 @@ func (k *KmsgFollower) Close() {
 	if k.f != nil {
 		k.f.Close()
 	}
-	k.f, k.off, k.ino, k.partial = nil, 0, 0, nil
+	if k.device {
+		syscall.Close(k.fd)
+	}
+	k.f, k.device, k.off, k.ino, k.partial = nil, false, 0, 0, nil
 }
 
 func inode(fi os.FileInfo) uint64 {
