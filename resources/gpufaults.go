@@ -31,6 +31,9 @@ type HostFaults struct {
 	polled  time.Time
 }
 
+// logFaultsPerPoll is how many new faults one poll quotes in the log.
+const logFaultsPerPoll = 10
+
 // FaultPoll is how often the fault watch reads the kernel log and NVML.
 const FaultPoll = time.Second
 
@@ -82,7 +85,13 @@ func (h *HostFaults) Poll(ctx context.Context, env *agent.Env) {
 	if err != nil {
 		env.Log.Warn("GPU fault watch", "error", err)
 	}
-	for _, f := range h.book.Record(BootID(h.root), now, faults, health) {
+	fresh := h.book.Record(BootID(h.root), now, faults, health)
+	if len(fresh) > logFaultsPerPoll {
+		// A burst: the first ones quoted, the rest counted (agent_gpu_xid_total has them all).
+		env.Log.Warn("GPU fault burst: the first ones follow, the rest are counted in agent_gpu_xid_total", "faults", len(fresh), "quoted", logFaultsPerPoll)
+		fresh = fresh[:logFaultsPerPoll]
+	}
+	for _, f := range fresh {
 		attrs := []any{"gpu", f.GPU, "pci", f.PCIBusID, "xid", f.Xid, "action", f.Action.String(), "line", f.Line}
 		if f.GPU < 0 {
 			env.Log.Warn("GPU fault on a PCI bus id this host has no GPU at: reported, nothing done", attrs...)
