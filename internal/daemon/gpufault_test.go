@@ -191,6 +191,10 @@ func TestGPUFaultsUnderAgentRun(t *testing.T) {
 	if r := readFault(t, stateDir, "gpu1"); r.Generation != 2 {
 		t.Errorf("GPU 1's server was relaunched %d times after the Xid 79, want once (then held)", r.Generation-1)
 	}
+	if r := statusOf(t, base, "server.gpu1"); r.Status == nil || !strings.HasPrefix(r.Status.Summary, "not running") ||
+		!strings.Contains(r.Status.Summary, "reboot required: GPU 1 (0000:41:00.0) fell off the bus") {
+		t.Errorf("status of the held server, dead: %+v", r.Status)
+	}
 	if a := readFault(t, stateDir, "gpu0"); a.Generation != 2 {
 		t.Errorf("GPU 0's server moved with GPU 1's fault: generation %d", a.Generation)
 	}

@@ -52,6 +52,9 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 	m, logPath := statusLog(ctx, env, st, lc, &rec)
 	if !alive {
 		s.statusGone(ctx, st, procs, &rec, logPath)
+		for _, p := range s.statusGPUFault(func(f agent.Field) { st.Fields = append(st.Fields, f) }, env, &rec) {
+			st.Summary += "; " + p // held: not relaunched until the host reboots
+		}
 		return st, nil
 	}
 	s.statusLive(ctx, env, st, lc, &rec, m)
