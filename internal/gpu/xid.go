@@ -138,6 +138,14 @@ func XidAction(code int, text string) Action {
 	return ActionContactSupport
 }
 
+// EndsItsProcess reports whether f, in a bucket that asks nothing of the GPU, is the end
+// of the process it names: Xid 43, the driver resetting that process's channel (NVIDIA's
+// Xid guide: "GPU stopped processing … the user application exits"). Its catalog bucket
+// is IGNORE because the GPU needs nothing; the application it names does.
+func EndsItsProcess(f Fault) bool {
+	return f.Kind == FaultXid && f.Xid == 43 && f.PID > 0
+}
+
 // recoveryAction reads Xid 154's "GPU recovery action changed from 0x0 (None) to 0x2 (Node
 // Reboot Required)": the action is the one it changed to. The catalog lists the names
 // None, Drain P2P, Drain and Reset, GPU Reset Required and Node Reboot Required; drivers

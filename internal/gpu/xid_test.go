@@ -206,3 +206,18 @@ func FuzzParseXidLine(f *testing.F) {
 		_ = XidAction(x.Code, x.Text)
 	})
 }
+
+// Only Xid 43 naming a process ends that process among the faults that ask nothing of
+// the GPU.
+func TestEndsItsProcess(t *testing.T) {
+	for f, want := range map[Fault]bool{
+		{Kind: FaultXid, Xid: 43, PID: 7}: true,
+		{Kind: FaultXid, Xid: 43}:         false,
+		{Kind: FaultXid, Xid: 63, PID: 7}: false,
+		{Kind: FaultXid, Xid: 74, PID: 7}: false,
+	} {
+		if got := EndsItsProcess(f); got != want {
+			t.Errorf("EndsItsProcess(%+v) = %v", f, got)
+		}
+	}
+}

@@ -101,7 +101,7 @@ func (s *Server) gpuFaultNow(env *agent.Env, rec *serverRecord) (act *gpuFaultIn
 		if f == nil || f.At.Before(rec.LaunchedAt) || rec.GPUFault.same(boot, *f) {
 			continue
 		}
-		if f.Action >= gpu.ActionRestartApp || s.heldBy(rec, f.PID) {
+		if f.Action >= gpu.ActionRestartApp || gpu.EndsItsProcess(*f) && s.heldBy(rec, f.PID) {
 			return incident(boot, j, *f, rec), nil
 		}
 	}
