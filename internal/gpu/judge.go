@@ -18,10 +18,10 @@ type Judgement struct {
 	// NVML reading the GPU healthy again.
 	Standing Action
 	Cause    *Fault
-	// Latest is the newest fault that asks something of what uses the GPU (restart-app or
-	// more, or any Xid naming a process): each is acted on once, by whoever used the GPU
-	// when it happened.
-	Latest *Fault
+	// Actionable are the last faults that ask something of what uses the GPU (restart-app
+	// or more, or the end of the process they name: EndsItsProcess), oldest first (at
+	// most lastFaults): each is acted on once, by whoever used the GPU when it happened.
+	Actionable []Fault
 	// Last are the GPU's last faults, oldest first (at most lastFaults).
 	Last []Fault
 	// XidTotal counts the Xids seen on the GPU this boot, by code.
@@ -91,8 +91,8 @@ func (b *Book) add(f Fault) {
 		j.XidTotal[f.Xid]++
 	}
 	fc := f
-	if f.Action >= ActionRestartApp || f.Kind == FaultXid && f.PID > 0 {
-		j.Latest = &fc
+	if f.Action >= ActionRestartApp || EndsItsProcess(f) {
+		j.Actionable = keepLast(append(j.Actionable, f))
 	}
 	if f.Action >= ActionResetGPU && f.Action >= j.Standing {
 		j.Standing, j.Cause = f.Action, &fc
@@ -127,7 +127,7 @@ func (b *Book) Clear(gpu int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if j := b.gpus[gpu]; j != nil {
-		j.Standing, j.Cause, j.Latest = ActionIgnore, nil, nil
+		j.Standing, j.Cause, j.Actionable = ActionIgnore, nil, nil
 	}
 }
 
@@ -172,6 +172,7 @@ func (b *Book) Unknown() []Fault {
 func (j *Judgement) copy() Judgement {
 	c := *j
 	c.Last = slices.Clone(j.Last)
+	c.Actionable = slices.Clone(j.Actionable)
 	c.XidTotal = make(map[int]int, len(j.XidTotal))
 	for k, v := range j.XidTotal {
 		c.XidTotal[k] = v

@@ -12,18 +12,19 @@ import (
 func TestBookJudges(t *testing.T) {
 	at := time.Date(2026, 12, 5, 10, 4, 5, 0, time.Local)
 	x43 := Fault{At: at, GPU: 0, PCIBusID: "0000:01:00.0", Kind: FaultXid, Xid: 43, PID: 77, Seq: 1, Action: ActionIgnore}
+	x74 := Fault{At: at, GPU: 0, PCIBusID: "0000:01:00.0", Kind: FaultXid, Xid: 74, PID: 77, Seq: 4, Action: ActionContactSupport}
 	x79 := Fault{At: at, GPU: 1, PCIBusID: "0000:41:00.0", Kind: FaultXid, Xid: 79, Seq: 2, Action: ActionReboot}
 	xNo := Fault{At: at, GPU: -1, PCIBusID: "0000:c1:00.0", Kind: FaultXid, Xid: 79, Seq: 3, Action: ActionReboot}
 	var b Book
-	fresh := b.Record("boot-a", at, []Fault{x43, x79, xNo}, nil)
-	if len(fresh) != 3 {
+	fresh := b.Record("boot-a", at, []Fault{x43, x79, xNo, x74}, nil)
+	if len(fresh) != 4 {
 		t.Fatalf("fresh %d", len(fresh))
 	}
 	if fresh := b.Record("boot-a", at, []Fault{x43, x79}, nil); len(fresh) != 0 {
 		t.Errorf("the same records twice: %+v", fresh)
 	}
 	j0, _ := b.Of(0)
-	if j0.Standing != ActionIgnore || j0.Latest == nil || j0.Latest.Xid != 43 || j0.XidTotal[43] != 1 {
+	if j0.Standing != ActionIgnore || len(j0.Actionable) != 1 || j0.Actionable[0].Xid != 43 || j0.XidTotal[43] != 1 {
 		t.Errorf("GPU 0: %+v", j0)
 	}
 	j1, _ := b.Of(1)

@@ -97,12 +97,14 @@ func (s *Server) gpuFaultNow(env *agent.Env, rec *serverRecord) (act *gpuFaultIn
 			}
 			return incident(boot, j, *j.Cause, rec), nil
 		}
-		f := j.Latest
-		if f == nil || f.At.Before(rec.LaunchedAt) || rec.GPUFault.same(boot, *f) {
-			continue
-		}
-		if f.Action >= gpu.ActionRestartApp || gpu.EndsItsProcess(*f) && s.heldBy(rec, f.PID) {
-			return incident(boot, j, *f, rec), nil
+		for i := len(j.Actionable) - 1; i >= 0; i-- { // the newest fault this generation saw
+			f := j.Actionable[i]
+			if f.At.Before(rec.LaunchedAt) || rec.GPUFault.same(boot, f) {
+				break // older ones are older than the launch, or acted on with this one
+			}
+			if f.Action >= gpu.ActionRestartApp || gpu.EndsItsProcess(f) && s.heldBy(rec, f.PID) {
+				return incident(boot, j, f, rec), nil
+			}
 		}
 	}
 	return nil, nil
