@@ -94,13 +94,14 @@ func (r *Rollouts) poke() {
 }
 
 // Unavailable reports whether the resource the diff describes is down: not on the host,
-// gone, unhealthy past its grace, or proven wedged (it runs, and serves nothing). Such a
+// gone, unhealthy past its grace, proven wedged (it runs, and serves nothing), or on a GPU
+// whose fault asks for the application to be restarted (its work on that GPU is lost). Such a
 // member of a rollout group counts as unavailable, and acting on it is a repair, never
 // held back: not by another member's disruption in flight, nor by the fleet's permits.
 func (d *Diff) Unavailable() (why string, down bool) {
 	for _, c := range d.Changes {
 		switch c.Why() {
-		case ReasonMissing, ReasonGone, ReasonUnhealthy, ReasonWedged:
+		case ReasonMissing, ReasonGone, ReasonUnhealthy, ReasonWedged, ReasonGPUFault:
 			return c.Why().Describe(), true
 		}
 	}

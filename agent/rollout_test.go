@@ -515,3 +515,23 @@ func TestRolloutCorruptRecordStopsApply(t *testing.T) {
 		t.Errorf("acted with a corrupt record: %v", f.started)
 	}
 }
+
+// TestUnavailableCountsRepairs: a member found down (missing, gone, unhealthy past its
+// grace, wedged, or hit by a GPU fault) is unavailable, so its repair is never held back
+// by its group's limit; a planned change of a serving member is a disruption.
+func TestUnavailableCountsRepairs(t *testing.T) {
+	for _, tc := range []struct {
+		reason Reason
+		down   bool
+	}{
+		{ReasonMissing, true}, {ReasonGone, true}, {ReasonUnhealthy, true},
+		{ReasonWedged, true}, {ReasonGPUFault, true},
+		{ReasonDiffers, false}, {ReasonUnverified, false},
+	} {
+		d := &Diff{}
+		d.Add(Set("process", "a", "b").Because(Restarts, tc.reason))
+		if why, down := d.Unavailable(); down != tc.down {
+			t.Errorf("%s: down = %v (%q), want %v", tc.reason, down, why, tc.down)
+		}
+	}
+}
