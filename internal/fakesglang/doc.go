@@ -37,6 +37,11 @@
 //	                 lines stop, counters freeze; SIGUSR1 wedges a running fake too
 //	busy[=DUR]       slow but progressing: /health_generate answers after DUR (12 s),
 //	                 batch lines and counters keep moving
+//	load             read the checkpoint at start as SGLang's loader does: every page of
+//	                 each *.safetensors under --model-path (and a draft model's), mmapped,
+//	                 tensor by tensor in name order (else *.bin/*.pt front to back), so the
+//	                 start follows the page cache; the shards' progress line and the
+//	                 "Load weight" lines carry the real time (load.go)
 //
 // Each start compiles a marker "kernel" into TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR
 // and logs whether a previous launch had left one there ("JIT cache reused: …").

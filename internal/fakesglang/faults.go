@@ -28,6 +28,8 @@ type faults struct {
 	// busyProbe, while batch lines and token counters keep moving.
 	busy      bool
 	busyProbe time.Duration
+	// load: read the checkpoint's pages at start as SGLang's loader does (load.go).
+	load bool
 }
 
 func parseFaults(s string) (faults, error) {
@@ -72,6 +74,8 @@ func parseFaults(s string) (faults, error) {
 			f.loop = true
 		case "hybrid":
 			f.hybrid = true
+		case "load":
+			f.load = true
 		case "wedge":
 			f.wedge = true
 			if val != "" {

@@ -274,7 +274,13 @@ func (s *server) loadWeights(tp int) (avail float64) {
 	if s.faults.slowStart > 0 {
 		time.Sleep(s.faults.slowStart)
 	}
-	if shards > 0 {
+	if s.faults.load {
+		if err := s.loadCheckpoint(a.str("model-path"), a.str("speculative-draft-model-path")); err != nil {
+			s.log.rank(0, "Scheduler hit an exception: %s", loadTraceback(err))
+			s.log.main("Received sigquit from a child process. It usually means the child failed.")
+			s.fail(1)
+		}
+	} else if shards > 0 {
 		s.log.raw(fmt.Sprintf("Loading safetensors checkpoint shards: 100%% Completed | %d/%d [00:00<00:00, 42.00it/s]\n", shards, shards))
 	}
 	usage := 25.91

@@ -88,3 +88,13 @@ func modelPathTraceback(path string) string {
     raise EnvironmentError(
 OSError: Can't load the configuration of '%[1]s'. If you were trying to load it from 'https://huggingface.co/models', make sure you don't have a local directory with the same name. Otherwise, make sure '%[1]s' is the correct path to a directory containing a config.json file`, path, sitePackages)
 }
+
+// loadTraceback is the scheduler's failure when a shard cannot be read (a safetensors
+// header safe_open rejects, a file gone under it).
+func loadTraceback(err error) string {
+	return schedulerFrames + `    self.load_model()
+  File "` + sitePackages + `/sglang/srt/model_loader/weight_utils.py", line 703, in safetensors_weights_iterator
+    with safe_open(st_file, framework="pt") as f:
+         ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+safetensors_rust.SafetensorError: ` + err.Error() + "\n"
+}
