@@ -22,3 +22,16 @@ func TestFormat(t *testing.T) {
 		t.Errorf("Format(uint64) = %q", got)
 	}
 }
+
+func TestParse(t *testing.T) {
+	for in, want := range map[string]int64{"16GiB": 16 << 30, "512 MiB": 512 << 20, "2GB": 2e9, "4096": 4096, "1.5 GiB": 3 << 29, "0": 0} {
+		if got, err := Parse(in); err != nil || got != want {
+			t.Errorf("Parse(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GiB", "-1GiB", "8 parsecs", "1e30GiB"} {
+		if _, err := Parse(in); err == nil {
+			t.Errorf("Parse(%q) succeeded", in)
+		}
+	}
+}

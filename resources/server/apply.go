@@ -54,16 +54,21 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
+	warmed := s.warmBeforeStop(ctx, env, lc, det) // the old generation still serves
 	if err := s.stopInTheWay(ctx, env, lc, det); err != nil {
 		return err
 	}
 	if det.reset != nil {
 		s.resetGPU(ctx, env, det.reset)
 	}
+	beside := func() *warmRecord { return warmed }
+	if warmed == nil {
+		beside = s.warmBeside(ctx, env, lc)
+	}
 	retiring := retiringOf(det) // kept serving until Finish (a migration), in every record from here
 	lastGood := s.lastGoodFor(det.prev)
 	rec, err := s.launchGeneration(ctx, env, lc, launchPlan{held: det.prev, prevGen: prevGen, keep: func(r *serverRecord) {
-		r.Retiring, r.LastGood = retiring, lastGood
+		r.Retiring, r.LastGood, r.Warm = retiring, lastGood, warmed
 		if det.prev != nil {
 			r.Reverts = det.prev.Reverts
 		}
@@ -73,6 +78,12 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			r.Rejected, r.RevertOf = det.prev.Rejected, det.prev.RevertOf
 		}
 	}})
+	if w := beside(); w != nil && warmed == nil && err == nil && rec != nil && rec.PID != 0 {
+		rec.Warm = w
+		if serr := env.State.Save(rec); serr != nil {
+			env.Log.Warn("the warm-up's figures were not recorded", "error", serr)
+		}
+	}
 	if err != nil && lastGood != nil && rec != nil && rec.PID != 0 && revertsOn(err) {
 		return s.revert(ctx, env, lc, rec, err)
 	}

@@ -55,6 +55,7 @@ func bindServer(h resources.Machine, r *plans.Resource, c *ServerConfig) (agent.
 	s.bindStop(b, c.Stop)
 	s.bindSmoke(b, c.SmokeTest)
 	s.bindLiveness(b, c.Liveness)
+	s.bindWarm(b, c.Warm)
 	if b.Diags.HasErrors() {
 		return nil, b.Diags
 	}

@@ -97,6 +97,9 @@ func (s *Server) decide(o *observation) (d *agent.Diff, held string, err error) 
 		}
 		d.Warnings = append(d.Warnings, "preflight: "+o.fitMsg)
 	}
+	if err == nil && d != nil && launches(d) {
+		s.noteWarm(o, d)
+	}
 	return s.settled(o, d), held, err
 }
 

@@ -51,6 +51,9 @@ type observation struct {
 	// fit is the preflight's verdict for a launch (fits when it cannot tell).
 	fitMsg string
 	fits   bool
+	// warms: a stop of rec's process, alive, would be preceded by a warm-up that has
+	// weights to read (warm.go).
+	warms bool
 }
 
 // portHolding is what holds the server's port when its recorded process does not run.
@@ -128,6 +131,7 @@ func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observa
 			prev = rec
 		}
 		o.fitMsg, o.fits = s.preflight(ctx, prev)
+		o.warms = s.warmsBeforeStop(ctx, lc, o)
 	}
 	return s, o, nil
 }

@@ -4,21 +4,18 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/warm"
 )
 
 // launches reports whether applying d starts a new server process.
 func launches(d *agent.Diff) bool {
 	return d.Action == agent.Create || d.Action == agent.Restart || d.Action == agent.Replace
 }
-
-// weightExts are the files a model directory's size is counted from.
-var weightExts = []string{".safetensors", ".bin", ".gguf", ".pt", ".pth"}
 
 // preflight checks, before a launch, that the model's weights fit on the GPUs the server
 // is given (gpu.Preflight: weights / tp against free memory × mem-fraction-static on each
@@ -102,33 +99,15 @@ func (s *Server) flagValue(names ...string) string {
 	return ""
 }
 
-// weightBytes sums the sizes of the weight files in dir and its direct subdirectories
-// (by stat: nothing is read), or 0 when dir is not a local directory. The walk is bounded:
-// a model directory is flat, and a model path of "/" must not walk the host.
+// weightBytes sums the sizes of the checkpoint files a warm-up would read in dir (by
+// stat: nothing is read), or 0 when dir is not a local directory.
 func weightBytes(dir string) uint64 {
-	if !filepath.IsAbs(dir) {
-		return 0
-	}
+	files, _ := warm.WeightFiles(dir)
 	var total uint64
-	seen := 0
-	filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return nil
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && warm.Checkpoint(f) {
+			total += uint64(fi.Size())
 		}
-		if seen++; seen > 10000 {
-			return filepath.SkipAll
-		}
-		if d.IsDir() && path != dir && strings.Count(strings.TrimPrefix(path, dir), string(filepath.Separator)) > 1 {
-			return filepath.SkipDir
-		}
-		for _, ext := range weightExts {
-			if !d.IsDir() && strings.HasSuffix(d.Name(), ext) {
-				if fi, err := d.Info(); err == nil {
-					total += uint64(fi.Size())
-				}
-			}
-		}
-		return nil
-	})
+	}
 	return total
 }

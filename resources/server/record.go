@@ -97,6 +97,8 @@ type serverRecord struct {
 	// the same identity is compared with.
 	Start     *startRecord `json:"start,omitempty"`
 	PrevStart *startRecord `json:"prev_start,omitempty"`
+	// Warm is what the warm-up of this generation's weights did (warm.go).
+	Warm *warmRecord `json:"warm,omitempty"`
 }
 
 func (r *serverRecord) id() proc.Identity { return proc.Identity{PID: r.PID, StartTicks: r.StartTicks} }

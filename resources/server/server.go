@@ -36,6 +36,7 @@ type ServerConfig struct {
 	Stop           *ServerStopConfig     `hcl:"stop,block"`
 	SmokeTest      *ServerSmokeConfig    `hcl:"smoke_test,block"`
 	Liveness       *ServerLivenessConfig `hcl:"liveness,block"`
+	Warm           *ServerWarmConfig     `hcl:"warm,block"`
 	Takeover       *bool                 `hcl:"takeover,optional"`
 	LogDir         *string               `hcl:"log_dir,optional"`
 	KeepLogs       *int                  `hcl:"keep_logs,optional"`
@@ -125,6 +126,7 @@ type Server struct {
 	argvSensitive      bool                  // some flag does: the rendered command line holds a secret
 	noRevert           bool                  // revert = false: a failed change is not rolled back (server_revert.go)
 	liveness           livenessPlan          // the liveness block, or the engine's default (server_liveness.go)
+	warm               warmPlan              // the warm block: weights read ahead of a launch (warm.go)
 	resources.Deletion                       // ensure = "absent", agent destroy, an orphan: server_delete.go
 }
 
@@ -175,6 +177,6 @@ func (s *Server) Timeout() time.Duration {
 	if s.revertOn() {
 		revert = s.ready.Timeout + s.ready.Settle + lifecycle.DefaultSmokeTimeout
 	}
-	return revert + s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
+	return revert + s.warmTimeout() + s.stopTimeout + proc.DefaultKillWait + lifecycle.PortWait + lifecycle.GPUWait +
 		s.ready.Timeout + s.ready.Settle + lifecycle.DefaultSmokeTimeout + time.Minute
 }

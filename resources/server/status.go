@@ -107,6 +107,7 @@ func statusLog(ctx context.Context, env *agent.Env, st *agent.Status, lc *lifecy
 		field(agent.AgeField("newest_line_at", "newest line", m.LastLineTime, env.Now()))
 	}
 	statusPhases(st, rec, m.Phases)
+	statusWarm(st, rec)
 	return m, logPath
 }
 

@@ -1,0 +1,221 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/bytesize"
+	"github.com/agent-dev/agent/internal/lifecycle"
+	"github.com/agent-dev/agent/internal/warm"
+	"github.com/agent-dev/agent/resources"
+)
+
+// A planned relaunch costs a warm start (docs/server.md "Warm relaunch"): before a
+// planned stop of a serving generation, the next generation's weights are read into the
+// page cache while the old one keeps serving (internal/warm: only the pages not
+// resident, idle-class readers, within the memory rule); at a launch that stops nothing
+// serving (a first launch, after a reboot or a death) the same readers run beside the
+// engine's own load. A warm-up never blocks the change: its failure, timeout or skip is
+// logged and recorded, and the stop and launch go on.
+
+// ServerWarmConfig is the `warm` block of a server.
+type ServerWarmConfig struct {
+	Enabled *bool   `hcl:"enabled,optional"`
+	Timeout *string `hcl:"timeout,optional"`
+	Margin  *string `hcl:"margin,optional"`
+}
+
+// warmPlan is the warm block as bound.
+type warmPlan struct {
+	off     bool
+	timeout time.Duration // 0: the ready timeout
+	margin  int64         // 0: warm.DefaultMargin
+}
+
+// warmRecord is what the warm-up for a generation did, kept in its record.
+type warmRecord struct {
+	warm.Result
+	At time.Time `json:"at"`
+	// BeforeStop: it ran before the stop of the generation this one replaced (else beside
+	// this one's start).
+	BeforeStop bool   `json:"before_stop,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+const warmedNote = "weights warmed before the stop"
+
+func (s *Server) bindWarm(b *resources.Binder, c *ServerWarmConfig) {
+	if c == nil {
+		return
+	}
+	s.warm.off = c.Enabled != nil && !*c.Enabled
+	if c.Timeout != nil {
+		s.warm.timeout = b.Duration(c.Timeout, 0, "warm", "timeout")
+	}
+	if c.Margin != nil {
+		n, err := bytesize.Parse(*c.Margin)
+		if err != nil {
+			b.Bad(b.R.Range("warm", "margin"), "Invalid warm.margin", fmt.Sprintf("warm.margin: %v (the memory a warm-up leaves free besides 10 %% of MemAvailable).", err))
+		}
+		s.warm.margin = max(n, -1)
+		if n == 0 {
+			s.warm.margin = -1 // none, as written
+		}
+	}
+}
+
+// warmTimeout bounds one warm-up; 0 when warm-ups are off.
+func (s *Server) warmTimeout() time.Duration {
+	switch {
+	case s.warm.off:
+		return 0
+	case s.warm.timeout > 0:
+		return s.warm.timeout
+	}
+	return s.ready.Timeout
+}
+
+// weightPaths are the model paths s's command line names: SGLang's --model-path and
+// --speculative-draft-model-path, vLLM's and llama.cpp's --model (-m), and the model
+// after `serve` (`vllm serve /models/x`, `sglang serve …`). Only absolute ones count.
+func (s *Server) weightPaths() []string {
+	paths := []string{
+		s.flagValue("model-path", "model", "m"),
+		s.flagValue("speculative-draft-model-path", "speculative-draft-model"),
+	}
+	argv := s.argv()
+	if i := slices.Index(argv, "serve"); i >= 0 && i+1 < len(argv) {
+		paths = append(paths, argv[i+1])
+	}
+	return slices.DeleteFunc(paths, func(p string) bool { return !filepath.IsAbs(p) })
+}
+
+// warmFiles are the files a warm-up reads for s where lc runs it, as host paths.
+func (s *Server) warmFiles(ctx context.Context, lc *lifecycle.Lifecycle) ([]string, error) {
+	var paths []string
+	for _, p := range s.weightPaths() {
+		hp, err := lc.Place.HostPath(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("the model path %s seen from the host: %w", p, err)
+		}
+		paths = append(paths, hp)
+	}
+	return warm.WeightFiles(paths...)
+}
+
+// warmUp reads s's weights within its timeout and returns what it did (nil when there
+// is nothing to warm: off, no local model path). It logs its outcome; it never fails.
+func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, beforeStop bool) *warmRecord {
+	if s.warm.off {
+		return nil
+	}
+	files, err := s.warmFiles(ctx, lc)
+	if err == nil && len(files) == 0 {
+		return nil
+	}
+	w := &warmRecord{At: env.Now(), BeforeStop: beforeStop}
+	if err == nil {
+		ctx, cancel := context.WithTimeoutCause(ctx, s.warmTimeout(), fmt.Errorf("warm.timeout %s", s.warmTimeout()))
+		defer cancel()
+		w.Result, err = warm.Warm(ctx, files, warm.Options{Root: s.host.Root, Margin: s.warm.margin})
+	}
+	log := env.Log.With("files", w.Files, "bytes", w.Bytes, "resident_before", w.ResidentBefore, "read", w.Read, "seconds", fmt.Sprintf("%.2f", w.Seconds))
+	switch {
+	case errors.Is(err, warm.ErrTooLarge):
+		log.Warn("weights not warmed", "reason", w.Skipped)
+	case err != nil:
+		w.Error = err.Error()
+		log.Warn("weights warm-up failed; the change goes on", "error", err)
+	default:
+		log.Info("weights warmed", "before_stop", beforeStop)
+	}
+	return w
+}
+
+// warmBeside starts a warm-up beside a launch that stops nothing serving; the function
+// it returns ends it (the engine has read what it needed once its launch returned) and
+// returns what it did.
+func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle) func() *warmRecord {
+	if s.warm.off {
+		return func() *warmRecord { return nil }
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan *warmRecord, 1)
+	go func() { done <- s.warmUp(ctx, env, lc, false) }()
+	return func() *warmRecord {
+		cancel(errors.New("the launch returned"))
+		return <-done
+	}
+}
+
+// warmBeforeStop warms the next generation's weights when the stop ahead is of a
+// generation that serves (alive): it keeps serving meanwhile.
+func (s *Server) warmBeforeStop(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, det *serverDetail) *warmRecord {
+	if s.warm.off || !det.stop || det.prev == nil || det.prev.PID == 0 || det.migrate {
+		return nil
+	}
+	if alive, err := s.recordProcs(ctx, env, det.prev).Alive(ctx, det.prev.id()); err != nil || !alive {
+		return nil
+	}
+	return s.warmUp(ctx, env, lc, true)
+}
+
+// warmsBeforeStop observes whether a stop of o's recorded process, alive, would be
+// preceded by a warm-up with weights to read (listed, not read).
+func (s *Server) warmsBeforeStop(ctx context.Context, lc *lifecycle.Lifecycle, o *observation) bool {
+	if s.warm.off || !o.alive || lc == nil {
+		return false
+	}
+	files, err := s.warmFiles(ctx, lc)
+	return err == nil && len(files) > 0
+}
+
+// noteWarm makes a planned restart of a serving generation say that the weights are
+// warmed first (o.warms).
+func (s *Server) noteWarm(o *observation, d *agent.Diff) {
+	det, ok := d.Detail.(*serverDetail)
+	if !o.warms || !ok || !det.stop || det.prev == nil || det.migrate {
+		return
+	}
+	for i, c := range d.Changes {
+		if c.EffectOf() == agent.Restarts {
+			note := "restart"
+			if c.Note != "" {
+				note = c.Note
+			}
+			d.Changes[i].Note = note + ", " + warmedNote
+			return
+		}
+	}
+}
+
+// statusWarm adds the figures of the generation's warm-up.
+func statusWarm(st *agent.Status, rec *serverRecord) {
+	w := rec.Warm
+	if w == nil {
+		return
+	}
+	when := "beside its start"
+	if w.BeforeStop {
+		when = "before the stop of the generation before it"
+	}
+	text := fmt.Sprintf("read %s of %s (%s resident before) in %.1f s, %s", bytesize.Format(w.Read), bytesize.Format(w.Bytes), bytesize.Format(w.ResidentBefore), w.Seconds, when)
+	switch {
+	case w.Skipped != "":
+		text = "skipped: " + w.Skipped
+	case w.Error != "":
+		text = fmt.Sprintf("failed after %s read in %.1f s: %s", bytesize.Format(w.Read), w.Seconds, w.Error)
+	}
+	st.Fields = append(st.Fields,
+		agent.TextField("warm", "warm-up", text),
+		agent.BytesField("warm_read_bytes", "warm-up: read", w.Read),
+		agent.BytesField("warm_resident_before_bytes", "warm-up: resident before", w.ResidentBefore),
+		agent.NumberField("warm_seconds", "warm-up: seconds", w.Seconds).WithText(fmt.Sprintf("%.2f s", w.Seconds)))
+	st.Metrics["warm_seconds"] = w.Seconds
+	st.Metrics["warm_bytes"] = float64(w.Read)
+}
