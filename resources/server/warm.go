@@ -95,8 +95,17 @@ func (s *Server) weightPaths() []string {
 	return slices.DeleteFunc(paths, func(p string) bool { return !filepath.IsAbs(p) })
 }
 
+// errElsewhere: the weights are on another cluster member, whose page cache this agent
+// cannot fill (and HostPath would copy them here).
+var errElsewhere = errors.New("the server runs on another cluster member: its weights are not warmed from here")
+
 // warmFiles are the files a warm-up reads for s where lc runs it, as host paths.
 func (s *Server) warmFiles(ctx context.Context, lc *lifecycle.Lifecycle) ([]string, error) {
+	if r, ok := lc.Place.(*lifecycle.Incus); ok {
+		if remote, err := r.IsRemote(ctx); err != nil || remote {
+			return nil, errors.Join(errElsewhere, err)
+		}
+	}
 	var paths []string
 	for _, p := range s.weightPaths() {
 		hp, err := lc.Place.HostPath(ctx, p)
@@ -115,7 +124,7 @@ func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 		return nil
 	}
 	files, err := s.warmFiles(ctx, lc)
-	if err == nil && len(files) == 0 {
+	if (err == nil && len(files) == 0) || errors.Is(err, errElsewhere) {
 		return nil
 	}
 	w := &warmRecord{At: env.Now(), BeforeStop: beforeStop}
