@@ -23,6 +23,8 @@
 #    ROUNDS rounds (default 3) of every command of (a)-(c) in turn, aria2c on the same
 #    CDN included: the medians are compared, so a load that drifts during the run (a shared
 #    machine) weighs on both sides.
+# HOG=N starts N busy loops (one core each) beside every measurement: the same run under CPU
+# contention (issue 39: is the learned-size path slower than the declared one there?).
 # Needs curl, aria2c (Debian package aria2; the bench only, no test needs it), GNU time, bc;
 # as root with apt-get, the script installs whichever is missing.
 set -euo pipefail
@@ -37,6 +39,7 @@ MID_MIB=${MID_MIB:-512}
 STRAG_KIB=${STRAG_KIB:-$((RATE_MIB * 1024 / 16))}
 ROUNDS=${ROUNDS:-3}
 BIG_MIB=${BIG_MIB:-4096}
+HOG=${HOG:-0}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/agent-bench.XXXXXX)}
 mkdir -p "$WORK"/src
@@ -66,6 +69,12 @@ head -c $((MID_MIB << 20)) /dev/urandom >"$WORK/src/mid.bin"
 head -c $((BIG_MIB << 20)) /dev/urandom >"$WORK/src/big.bin"
 (cd "$WORK/src" && sha256sum ./*.bin >"$WORK/sums")
 sync
+
+for _ in $(seq 1 "$HOG"); do
+	sh -c 'while :; do :; done' &
+	PIDS+=($!)
+done
+[ "$HOG" -gt 0 ] && echo "== $HOG busy loops beside every measurement"
 
 # serve NAME ARGS...: starts downloadserve on the data, sets ${NAME}_BASE.
 serve() {
