@@ -35,6 +35,9 @@ type Options struct {
 	Readers int
 	// Block is the size of one read (0: DefaultBlock).
 	Block int64
+	// Progress, when set, hears after each read the bytes read so far and the bytes to
+	// read in all; the readers call it at once, so it must be quick and safe for that.
+	Progress func(read, need int64)
 }
 
 // Result is what a warm-up did.
@@ -102,7 +105,7 @@ func Warm(ctx context.Context, files []string, o Options) (Result, error) {
 		res.Skipped = fmt.Sprintf("%s to read, more than the %s allowed (%s)", bytesize.Format(need), bytesize.Format(max(allow, 0)), why)
 		return done(fmt.Errorf("%w: %s", ErrTooLarge, res.Skipped))
 	}
-	read, idle, err := readSpans(ctx, fds, spans, o)
+	read, idle, err := readSpans(ctx, fds, spans, o, need)
 	res.Read, res.IdleIO = read, idle
 	if ctx.Err() != nil && read < need {
 		err = fmt.Errorf("warm-up ended after %s of %s: %w", bytesize.Format(read), bytesize.Format(need), context.Cause(ctx))
@@ -125,7 +128,7 @@ func allowance(o Options) (int64, string) {
 }
 
 // readSpans reads spans with o.Readers readers, each span in o.Block reads.
-func readSpans(ctx context.Context, fds []*os.File, spans []span, o Options) (read int64, idle bool, err error) {
+func readSpans(ctx context.Context, fds []*os.File, spans []span, o Options, need int64) (read int64, idle bool, err error) {
 	readers, block := o.Readers, o.Block
 	if readers <= 0 {
 		readers = DefaultReaders
@@ -152,9 +155,13 @@ func readSpans(ctx context.Context, fds []*os.File, spans []span, o Options) (re
 				idleAll.Store(false)
 			}
 			buf := make([]byte, min(block, 1<<30))
+			add := func(n int64) {
+				if t := total.Add(n); o.Progress != nil {
+					o.Progress(t, need)
+				}
+			}
 			for sp := range work {
-				n, err := readSpan(ctx, fds[sp.file], sp, buf)
-				total.Add(n)
+				err := readSpan(ctx, fds[sp.file], sp, buf, add)
 				if err != nil && errs[r] == nil {
 					errs[r] = err
 					cancel()
@@ -175,25 +182,25 @@ feed:
 	return total.Load(), idleAll.Load(), errors.Join(errs...)
 }
 
-// readSpan reads one span sequentially with buf-sized reads; a file that shrank under it
-// ends the span early (nothing left to cache).
-func readSpan(ctx context.Context, f *os.File, sp span, buf []byte) (int64, error) {
-	var n int64
-	for n < sp.len {
+// readSpan reads one span sequentially with buf-sized reads, telling add each read's
+// bytes; a file that shrank under it ends the span early (nothing left to cache).
+func readSpan(ctx context.Context, f *os.File, sp span, buf []byte, add func(int64)) error {
+	for n := int64(0); n < sp.len; {
 		if ctx.Err() != nil {
-			return n, ctx.Err()
+			return ctx.Err()
 		}
 		b := buf[:min(int64(len(buf)), sp.len-n)]
 		m, err := f.ReadAt(b, sp.off+n)
 		n += int64(m)
+		add(int64(m))
 		if m == 0 || err != nil {
 			if err != nil && !errors.Is(err, io.EOF) {
-				return n, fmt.Errorf("warm %s: %w", f.Name(), err)
+				return fmt.Errorf("warm %s: %w", f.Name(), err)
 			}
-			return n, nil
+			return nil
 		}
 	}
-	return n, nil
+	return nil
 }
 
 // SetIdleIO puts the calling thread in the idle I/O scheduling class.

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -57,9 +58,21 @@ func TestHalfResidentFileReadsOnlyItsOtherHalf(t *testing.T) {
 		t.Fatalf("half-resident file: %d bytes resident, want %d (%v)", before, size/2, err)
 	}
 
-	res, err := Warm(context.Background(), []string{p}, Options{Block: 4 << 20})
+	var mu sync.Mutex
+	var calls int
+	var last, lastNeed int64
+	progress := func(read, need int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		last, lastNeed = max(last, read), need
+	}
+	res, err := Warm(context.Background(), []string{p}, Options{Block: 4 << 20, Progress: progress})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if calls < 8 || last != res.Read || lastNeed != size-res.ResidentBefore {
+		t.Errorf("progress heard %d times, last %d of %d; want a call per 4 MiB block, ending at %d of %d", calls, last, lastNeed, res.Read, size-res.ResidentBefore)
 	}
 	if res.ResidentBefore < before-slack || res.ResidentBefore > before || res.Read != size-res.ResidentBefore {
 		t.Errorf("warm-up of a half-resident file (%d bytes resident) read %d bytes, counted %d resident before; want only the other half read", before, res.Read, res.ResidentBefore)

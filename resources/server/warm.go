@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -131,7 +132,7 @@ func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 	if err == nil {
 		ctx, cancel := context.WithTimeoutCause(ctx, s.warmTimeout(), fmt.Errorf("warm.timeout %s", s.warmTimeout()))
 		defer cancel()
-		w.Result, err = warm.Warm(ctx, files, warm.Options{Root: s.host.Root, Margin: s.warm.margin})
+		w.Result, err = warmWithProgress(ctx, env, files, warm.Options{Root: s.host.Root, Margin: s.warm.margin})
 	}
 	log := env.Log.With("files", w.Files, "bytes", w.Bytes, "resident_before", w.ResidentBefore, "read", w.Read, "seconds", fmt.Sprintf("%.2f", w.Seconds))
 	switch {
@@ -144,6 +145,44 @@ func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 		log.Info("weights warmed", "before_stop", beforeStop)
 	}
 	return w
+}
+
+// warmWithProgress runs the warm-up and, from this goroutine, reports where it stands
+// every second (env.Progress: bars or a line every 30 s for people, /status and the log
+// under agent run), the way a download does: a warm-up of hundreds of GiB takes minutes.
+func warmWithProgress(ctx context.Context, env *agent.Env, files []string, o warm.Options) (warm.Result, error) {
+	var read, need atomic.Int64
+	o.Progress = func(r, n int64) { read.Store(r); need.Store(n) }
+	type outcome struct {
+		res warm.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := warm.Warm(ctx, files, o)
+		done <- outcome{res, err}
+	}()
+	start, reported := time.Now(), false
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case out := <-done:
+			if reported {
+				env.Progress(agent.Progress{Done: out.res.Read, Total: need.Load(), ETA: -1, Elapsed: time.Since(start), Final: true})
+			}
+			return out.res, out.err
+		case <-tick.C:
+			el := time.Since(start)
+			p := agent.Progress{Done: read.Load(), Total: need.Load(), Elapsed: el, ETA: -1}
+			if p.Rate = float64(p.Done) / el.Seconds(); p.Rate > 0 {
+				p.ETA = time.Duration(float64(p.Total-p.Done) / p.Rate * float64(time.Second))
+			}
+			p.Files = []agent.FileProgress{{Name: "weights warm-up", Done: p.Done, Total: p.Total, Rate: p.Rate, ETA: p.ETA}}
+			env.Progress(p)
+			reported = true
+		}
+	}
 }
 
 // warmBeside starts a warm-up beside a launch that stops nothing serving; the function
