@@ -134,6 +134,9 @@ func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 		defer cancel()
 		w.Result, err = warmWithProgress(ctx, env, files, warm.Options{Root: s.host.Root, Margin: s.warm.margin})
 	}
+	if errors.Is(err, errLaunchReturned) {
+		err = nil // beside a launch: the engine read the rest itself
+	}
 	log := env.Log.With("files", w.Files, "bytes", w.Bytes, "resident_before", w.ResidentBefore, "read", w.Read, "seconds", fmt.Sprintf("%.2f", w.Seconds))
 	switch {
 	case errors.Is(err, warm.ErrTooLarge):
@@ -185,6 +188,9 @@ func warmWithProgress(ctx context.Context, env *agent.Env, files []string, o war
 	}
 }
 
+// errLaunchReturned ends a warm-up beside a launch: not a failure.
+var errLaunchReturned = errors.New("the launch returned")
+
 // warmBeside starts a warm-up beside a launch that stops nothing serving; the function
 // it returns ends it (the engine has read what it needed once its launch returned) and
 // returns what it did.
@@ -196,7 +202,7 @@ func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	done := make(chan *warmRecord, 1)
 	go func() { done <- s.warmUp(ctx, env, lc, false) }()
 	return func() *warmRecord {
-		cancel(errors.New("the launch returned"))
+		cancel(errLaunchReturned)
 		return <-done
 	}
 }

@@ -281,3 +281,26 @@ func TestWarmPathsAndBlock(t *testing.T) {
 		t.Errorf("margin = \"lots\": %v", diags)
 	}
 }
+
+// Cold start: a launch that stops nothing serving (here the first, on weights evicted as
+// after a reboot) runs the readers beside the engine's own load; the record says what
+// they found and read, and a warm-up the launch outran is no failure.
+func TestWarmBesideAColdStart(t *testing.T) {
+	t.Parallel()
+	const size = 128 << 20
+	h := newWarmHarness(t, size)
+	h.evict()
+	mustOK(t, h.apply())
+	w := h.record().Warm
+	if w == nil || w.BeforeStop || w.Error != "" || w.Skipped != "" || w.Files != 3 {
+		t.Fatalf("first launch on cold weights: warm-up %+v, want one beside the start", w)
+	}
+	if w.ResidentBefore > size/2 || w.Read+w.ResidentBefore > w.Bytes {
+		t.Errorf("warm-up beside a cold start: %d of %d bytes resident when it looked, %d read", w.ResidentBefore, w.Bytes, w.Read)
+	}
+	for _, f := range h.files {
+		if r, err := warm.Resident(f); err != nil || r < size/2-1<<20 {
+			t.Errorf("%s: %d bytes resident once the server is ready (%v)", f, r, err)
+		}
+	}
+}
