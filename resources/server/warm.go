@@ -155,7 +155,11 @@ func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 // under agent run), the way a download does: a warm-up of hundreds of GiB takes minutes.
 func warmWithProgress(ctx context.Context, env *agent.Env, files []string, o warm.Options) (warm.Result, error) {
 	var read, need atomic.Int64
-	o.Progress = func(r, n int64) { read.Store(r); need.Store(n) }
+	o.Progress = func(r, n int64) {
+		need.Store(n)
+		for cur := read.Load(); r > cur && !read.CompareAndSwap(cur, r); cur = read.Load() {
+		}
+	}
 	type outcome struct {
 		res warm.Result
 		err error
