@@ -54,7 +54,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if det.prev != nil {
 		prevGen = det.prev.Generation
 	}
-	warmed := s.warmBeforeStop(ctx, env, lc, det) // the old generation still serves
+	warmed := s.warmBeforeStop(ctx, env, lc, d) // the old generation still serves
 	if err := s.stopInTheWay(ctx, env, lc, det); err != nil {
 		return err
 	}

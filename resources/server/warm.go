@@ -211,12 +211,33 @@ func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	}
 }
 
-// warmBeforeStop warms the next generation's weights when the stop ahead is of a
-// generation that serves (alive): it keeps serving meanwhile.
-func (s *Server) warmBeforeStop(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, det *serverDetail) *warmRecord {
-	if s.warm.off || !det.stop || det.prev == nil || det.prev.PID == 0 || det.migrate {
+// plannedStop reports whether d stops a generation for a planned change (its identity:
+// a flag, a version) rather than to repair it (unhealthy, wedged: it does not serve, and
+// a warm-up first would only delay the repair; the warm-up then runs beside the launch).
+func plannedStop(d *agent.Diff) bool {
+	det, ok := d.Detail.(*serverDetail)
+	if !ok || !det.stop || det.prev == nil || det.prev.PID == 0 || det.migrate {
+		return false
+	}
+	planned := false
+	for _, c := range d.Changes {
+		switch c.Why() {
+		case agent.ReasonUnhealthy, agent.ReasonWedged, agent.ReasonGone:
+			return false
+		case agent.ReasonIdentity:
+			planned = true
+		}
+	}
+	return planned
+}
+
+// warmBeforeStop warms the next generation's weights when d stops a generation that
+// serves (alive) for a planned change: it keeps serving meanwhile.
+func (s *Server) warmBeforeStop(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, d *agent.Diff) *warmRecord {
+	if s.warm.off || !plannedStop(d) {
 		return nil
 	}
+	det := d.Detail.(*serverDetail)
 	if alive, err := s.recordProcs(ctx, env, det.prev).Alive(ctx, det.prev.id()); err != nil || !alive {
 		return nil
 	}
@@ -236,8 +257,7 @@ func (s *Server) warmsBeforeStop(ctx context.Context, lc *lifecycle.Lifecycle, o
 // noteWarm makes a planned restart of a serving generation say that the weights are
 // warmed first (o.warms).
 func (s *Server) noteWarm(o *observation, d *agent.Diff) {
-	det, ok := d.Detail.(*serverDetail)
-	if !o.warms || !ok || !det.stop || det.prev == nil || det.migrate {
+	if !o.warms || !plannedStop(d) {
 		return
 	}
 	for i, c := range d.Changes {

@@ -304,3 +304,30 @@ func TestWarmBesideAColdStart(t *testing.T) {
 		}
 	}
 }
+
+// Only a planned change waits for a warm-up before its stop: a repair (unhealthy,
+// wedged) stops at once, since the old generation serves nothing; a migration keeps the
+// old one and stops nothing.
+func TestPlannedStopOnly(t *testing.T) {
+	t.Parallel()
+	prev := &serverRecord{Generation: 1, PID: 4711}
+	change := func(r agent.Reason) agent.Change {
+		return agent.Set("flags", 1, 2).Because(agent.Restarts, r)
+	}
+	cases := []struct {
+		name string
+		d    *agent.Diff
+		want bool
+	}{
+		{"flag change", &agent.Diff{Changes: []agent.Change{change(agent.ReasonIdentity)}, Detail: &serverDetail{prev: prev, stop: true}}, true},
+		{"unhealthy", &agent.Diff{Changes: []agent.Change{change(agent.ReasonUnhealthy)}, Detail: &serverDetail{prev: prev, stop: true}}, false},
+		{"wedged and changed", &agent.Diff{Changes: []agent.Change{change(agent.ReasonWedged), change(agent.ReasonIdentity)}, Detail: &serverDetail{prev: prev, stop: true}}, false},
+		{"migration", &agent.Diff{Changes: []agent.Change{change(agent.ReasonIdentity)}, Detail: &serverDetail{prev: prev, migrate: true}}, false},
+		{"first launch", &agent.Diff{Changes: []agent.Change{change(agent.ReasonMissing)}, Detail: &serverDetail{}}, false},
+	}
+	for _, c := range cases {
+		if got := plannedStop(c.d); got != c.want {
+			t.Errorf("%s: planned stop %v, want %v", c.name, got, c.want)
+		}
+	}
+}
