@@ -40,3 +40,31 @@ func TestRepairBenchShortVersion(t *testing.T) {
 		t.Errorf("the agent's own share of a repair: %d ms\n%s", ms, out)
 	}
 }
+
+// TestRelaunchBenchShortVersion runs bench/relaunch.sh once on 64 MiB: the script's
+// reading of the record (the warm-up's figures) and of the sampler must still work.
+func TestRelaunchBenchShortVersion(t *testing.T) {
+	testbin.Long(t, "builds the agent and relaunches a server")
+	cmd := exec.Command("bash", "relaunch.sh")
+	cmd.Env = append(os.Environ(), "RUNS=1", "MIB=64", "SHARDS=2")
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Minute):
+			cmd.Process.Kill()
+		}
+	}()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench/relaunch.sh: %v\n%s", err, out)
+	}
+	// Not a timing assertion: the figures must exist, and the cold warm-up read the weights.
+	if !regexp.MustCompile(`cold, warm-up on: +\d+ ms \([0-9.]+× warm`).Match(out) {
+		t.Errorf("bench/relaunch.sh printed no gap with the warm-up:\n%s", out)
+	}
+	if !regexp.MustCompile(`cold-on: resident before 0 of 64 MiB, .*warm-up read 6[34] MiB`).Match(out) {
+		t.Errorf("bench/relaunch.sh: the cold warm-up did not read the evicted weights:\n%s", out)
+	}
+}

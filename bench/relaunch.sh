@@ -92,6 +92,8 @@ median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1
 
 mem=0.8
 agent apply "$work/plan.hcl" -var mem=$mem >/dev/null
+sampled() { grep -q ' 1$' "$work/samples"; }
+until_for 60 "the sampler's first answer" sampled # python starts slowly on a loaded machine
 declare -A gaps
 warm_read=() warm_total=0
 for r in $(seq "$runs"); do
@@ -111,7 +113,7 @@ for r in $(seq "$runs"); do
 		sleep 0.3
 		t1=$(ms)
 		g=$(gap "$t0" "$t1")
-		gaps[$mode]+="$g "
+		[ "$g" != - ] && gaps[$mode]+="$g " # "-": the sampler missed the gap, not counted
 		line="run $r $mode: resident before $((res >> 20)) of $((total >> 20)) MiB, serving gap $g ms (the new generation's start $(startms) ms), apply $((t1 - t0 - 300)) ms"
 		if [ "$w" = true ]; then
 			line+=", warm-up read $(($(warmfig read) >> 20)) MiB in $(warmfig seconds) s"
@@ -120,6 +122,9 @@ for r in $(seq "$runs"); do
 		echo "$line"
 		[ -n "${KEEP:-}" ] && echo "  window $t0..$t1"
 	done
+done
+for mode in cold-on cold-off warm; do
+	[ -n "${gaps[$mode]:-}" ] || { echo "no run of $mode measured a gap (the sampler missed every one)" >&2; exit 1; }
 done
 on=$(median ${gaps[cold-on]}) off=$(median ${gaps[cold-off]}) hot=$(median ${gaps[warm]})
 echo "serving gap, median of $runs ($mib MiB in $shards shards, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)):"
