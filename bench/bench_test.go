@@ -41,12 +41,13 @@ func TestRepairBenchShortVersion(t *testing.T) {
 	}
 }
 
-// TestRelaunchBenchShortVersion runs bench/relaunch.sh once on 64 MiB: the script's
-// reading of the record (the warm-up's figures) and of the sampler must still work.
+// TestRelaunchBenchShortVersion runs bench/relaunch.sh twice on 64 MiB (a run whose gap
+// the sampler missed is left out): the script's reading of the record (the warm-up's
+// figures) and of the sampler must still work.
 func TestRelaunchBenchShortVersion(t *testing.T) {
 	testbin.Long(t, "builds the agent and relaunches a server")
 	cmd := exec.Command("bash", "relaunch.sh")
-	cmd.Env = append(os.Environ(), "RUNS=1", "MIB=64", "SHARDS=2")
+	cmd.Env = append(os.Environ(), "RUNS=2", "MIB=64", "SHARDS=2")
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -64,7 +65,7 @@ func TestRelaunchBenchShortVersion(t *testing.T) {
 	if !regexp.MustCompile(`cold, warm-up on: +\d+ ms \([0-9.]+× warm`).Match(out) {
 		t.Errorf("bench/relaunch.sh printed no gap with the warm-up:\n%s", out)
 	}
-	if !regexp.MustCompile(`cold-on: resident before 0 of 64 MiB, .*warm-up read 6[34] MiB`).Match(out) {
+	if !regexp.MustCompile(`cold-on: resident before 0 of 64 MiB, .*warm-up read 6[0-4] MiB`).Match(out) {
 		t.Errorf("bench/relaunch.sh: the cold warm-up did not read the evicted weights:\n%s", out)
 	}
 }
