@@ -212,8 +212,9 @@ func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.L
 }
 
 // plannedStop reports whether d stops a generation for a planned change (its identity:
-// a flag, a version) rather than to repair it (unhealthy, wedged: it does not serve, and
-// a warm-up first would only delay the repair; the warm-up then runs beside the launch).
+// a flag, a version) rather than to repair it (unhealthy, wedged, a GPU fault: it does
+// not serve, and a warm-up first would only delay the repair; the warm-up then runs
+// beside the launch).
 func plannedStop(d *agent.Diff) bool {
 	det, ok := d.Detail.(*serverDetail)
 	if !ok || !det.stop || det.prev == nil || det.prev.PID == 0 || det.migrate {
@@ -222,7 +223,7 @@ func plannedStop(d *agent.Diff) bool {
 	planned := false
 	for _, c := range d.Changes {
 		switch c.Why() {
-		case agent.ReasonUnhealthy, agent.ReasonWedged, agent.ReasonGone:
+		case agent.ReasonUnhealthy, agent.ReasonWedged, agent.ReasonGPUFault, agent.ReasonGone:
 			return false
 		case agent.ReasonIdentity:
 			planned = true

@@ -322,6 +322,7 @@ func TestPlannedStopOnly(t *testing.T) {
 	}{
 		{"flag change", &agent.Diff{Changes: []agent.Change{change(agent.ReasonIdentity)}, Detail: &serverDetail{prev: prev, stop: true}}, true},
 		{"unhealthy", &agent.Diff{Changes: []agent.Change{change(agent.ReasonUnhealthy)}, Detail: &serverDetail{prev: prev, stop: true}}, false},
+		{"GPU fault", &agent.Diff{Changes: []agent.Change{change(agent.ReasonGPUFault)}, Detail: &serverDetail{prev: prev, stop: true}}, false},
 		{"wedged and changed", &agent.Diff{Changes: []agent.Change{change(agent.ReasonWedged), change(agent.ReasonIdentity)}, Detail: &serverDetail{prev: prev, stop: true}}, false},
 		{"migration", &agent.Diff{Changes: []agent.Change{change(agent.ReasonIdentity)}, Detail: &serverDetail{prev: prev, migrate: true}}, false},
 		{"first launch", &agent.Diff{Changes: []agent.Change{change(agent.ReasonMissing)}, Detail: &serverDetail{}}, false},
