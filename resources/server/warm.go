@@ -102,6 +102,9 @@ var errElsewhere = errors.New("the server runs on another cluster member: its we
 
 // warmFiles are the files a warm-up reads for s where lc runs it, as host paths.
 func (s *Server) warmFiles(ctx context.Context, lc *lifecycle.Lifecycle) ([]string, error) {
+	if len(s.weightPaths()) == 0 {
+		return nil, nil // a Hub id: nothing local, nothing to ask the place
+	}
 	if r, ok := lc.Place.(*lifecycle.Incus); ok {
 		if remote, err := r.IsRemote(ctx); err != nil || remote {
 			return nil, errors.Join(errElsewhere, err)
