@@ -40,7 +40,7 @@ func TestQuickstart(t *testing.T) {
 		"--model-path " + filepath.Join(root, "models", "Qwen3.6-27B") + "\n",
 		"✓ server.qwen: created and verified",
 		"No changes. The host matches the plan (2 resources).",
-		`~ flags["mem-fraction-static"]: 0.85 → 0.8  (restart)`,
+		`~ flags["mem-fraction-static"]: 0.85 → 0.8  (restart, weights warmed before the stop)`,
 		"✓ server.qwen: restarted and verified",
 		"server.qwen: running, ready, generation 2",
 		"accept rate                 0.97",

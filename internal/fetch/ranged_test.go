@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,12 +191,21 @@ func TestKillWithRangesInFlight(t *testing.T) {
 	//
 	// With minWritten > 0 the connections are capped at 256 KiB/s instead of held, and the
 	// kill waits until the helper wrote minWritten bytes.
-	kill := func(t *testing.T, rng *rand.Rand, s *fetchtest.Server, f fetch.File, dest string, round int, minWritten int64) (lost, written int64) {
-		var stops []int64
-		for p := int64(0); p < killSize; p += piece {
-			stops = append(stops, p+1+rng.Int64N(piece-1))
+	//
+	// *stops holds each piece's stall offset from the round before (empty: none yet): a
+	// new one is drawn past it, so that what earlier rounds wrote never lies beyond every
+	// new stall (stalls drawn afresh each round once left fewer than 8 pieces that could
+	// stall in round 4).
+	kill := func(t *testing.T, rng *rand.Rand, s *fetchtest.Server, f fetch.File, dest string, round int, minWritten int64, stops *[]int64) (lost, written int64) {
+		for i, p := 0, int64(0); p < killSize; i, p = i+1, p+piece {
+			if i == len(*stops) {
+				*stops = append(*stops, p)
+			}
+			if left := p + piece - (*stops)[i]; left > 1 {
+				(*stops)[i] += 1 + rng.Int64N(left-1)
+			}
 		}
-		fault := fetchtest.Fault{StallAt: stops}
+		fault := fetchtest.Fault{StallAt: slices.Clone(*stops)}
 		if minWritten > 0 {
 			// Paced, and held in the last quarter so the helper cannot finish first.
 			fault = fetchtest.Fault{Rate: 256 << 10, StallAt: []int64{killSize * 3 / 4}}
@@ -247,8 +257,9 @@ func TestKillWithRangesInFlight(t *testing.T) {
 		f := add(s, "model.bin", data)
 		rng := rand.New(rand.NewPCG(seed, 1))
 		var lost int64
+		var stops []int64
 		for round := 1; round <= 4; round++ {
-			lost, _ = kill(t, rng, s, f, dest, round, 0)
+			lost, _ = kill(t, rng, s, f, dest, round, 0, &stops)
 		}
 		s.SetFault("/model.bin", fetchtest.Fault{})
 		res, err := fetch.Fetch(t.Context(), []fetch.File{f}, rangedOptions(dest))
@@ -268,7 +279,7 @@ func TestKillWithRangesInFlight(t *testing.T) {
 		s := serve(t)
 		dest := t.TempDir()
 		f := add(s, "model.bin", data)
-		lost, written := kill(t, rand.New(rand.NewPCG(seed, 2)), s, f, dest, 1, 4*killConnections*killCheckpoint)
+		lost, written := kill(t, rand.New(rand.NewPCG(seed, 2)), s, f, dest, 1, 4*killConnections*killCheckpoint, new([]int64))
 		if err := fetch.SimulateReboot(dest, "model.bin"); err != nil {
 			t.Fatal(err)
 		}
