@@ -25,9 +25,26 @@ type Coordination struct {
 	// Lease is the agent's lease: a dead host's permits and entry expire after it.
 	Lease time.Duration
 	// Name is this agent's name in the fleet ("": the hostname).
-	Name      string
-	DeclRange hcl.Range
+	Name string
+	// HostDisruptions limits the hosts of the fleet that take every server down at once
+	// (a driver replace, a reboot, agent drain): the host_disruptions block, or its
+	// defaults (one host, group DefaultHostGroup) when the plan leaves it out.
+	HostDisruptions HostDisruptions
+	DeclRange       hcl.Range
 }
+
+// HostDisruptions is the coordination block's host_disruptions block.
+type HostDisruptions struct {
+	// MaxUnavailable is how many hosts of Group may be under disruption at once.
+	MaxUnavailable int
+	// Group names the hosts that share the limit (hosts of one prefix in other groups
+	// do not count against it).
+	Group string
+}
+
+// DefaultHostGroup is the host group of a plan without host_disruptions { group }: the
+// whole prefix.
+const DefaultHostGroup = "all"
 
 // Coordination defaults.
 const (
@@ -45,6 +62,14 @@ type coordinationBlock struct {
 	Prefix   *string  `hcl:"prefix,optional"`
 	Lease    *string  `hcl:"lease,optional"`
 	Name     *string  `hcl:"name,optional"`
+	// HostDisruptions is the optional host_disruptions block.
+	HostDisruptions []hostDisruptionsBlock `hcl:"host_disruptions,block"`
+}
+
+type hostDisruptionsBlock struct {
+	MaxUnavailable *int      `hcl:"max_unavailable,optional"`
+	Group          *string   `hcl:"group,optional"`
+	DefRange       hcl.Range `hcl:",def_range"`
 }
 
 // decodeCoordination checks the block (nil: none) and sets Agent.Coordination.
@@ -63,7 +88,8 @@ func (l *loader) decodeCoordination(blocks []*hcl.Block) {
 	if diags.HasErrors() {
 		return
 	}
-	out := &Coordination{Etcd: c.Etcd, Prefix: DefaultCoordinationPrefix, Lease: DefaultCoordinationLease, DeclRange: b.DefRange}
+	out := &Coordination{Etcd: c.Etcd, Prefix: DefaultCoordinationPrefix, Lease: DefaultCoordinationLease, DeclRange: b.DefRange,
+		HostDisruptions: HostDisruptions{MaxUnavailable: 1, Group: DefaultHostGroup}}
 	bad := func(attr, summary, detail string) {
 		l.errorAt(attrRange(b.Body, b.DefRange, attr), summary, detail)
 	}
@@ -116,5 +142,31 @@ func (l *loader) decodeCoordination(blocks []*hcl.Block) {
 		}
 		out.Name = *c.Name
 	}
+	l.decodeHostDisruptions(c.HostDisruptions, &out.HostDisruptions)
 	l.plan.Agent.Coordination = out
+}
+
+// decodeHostDisruptions checks the host_disruptions blocks (at most one) into hd, which
+// holds the defaults.
+func (l *loader) decodeHostDisruptions(blocks []hostDisruptionsBlock, hd *HostDisruptions) {
+	if len(blocks) > 1 {
+		l.errorAt(blocks[1].DefRange, "Duplicate host_disruptions block", "The coordination block may have one host_disruptions block.")
+		return
+	}
+	if len(blocks) == 0 {
+		return
+	}
+	b := blocks[0]
+	if b.MaxUnavailable != nil {
+		if *b.MaxUnavailable < 1 {
+			l.errorAt(b.DefRange, "Invalid max_unavailable", fmt.Sprintf("host_disruptions { max_unavailable = %d } would never let a host be disrupted: write 1 or more (hosts of the group under disruption at once).", *b.MaxUnavailable))
+		}
+		hd.MaxUnavailable = *b.MaxUnavailable
+	}
+	if b.Group != nil {
+		if *b.Group == "" || strings.ContainsAny(*b.Group, "/ \t\n") {
+			l.errorAt(b.DefRange, "Invalid host group", fmt.Sprintf("%q cannot name a host group: use a name without slashes or spaces, like \"gpu-hosts\".", *b.Group))
+		}
+		hd.Group = *b.Group
+	}
 }

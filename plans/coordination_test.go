@@ -26,6 +26,10 @@ agent {
     prefix    = "/agent/prod/"
     lease     = "20s"
     name      = "kpro5"
+    host_disruptions {
+      max_unavailable = 2
+      group           = "gpu-hosts"
+    }
   }
 }
 `, Options{})
@@ -39,7 +43,8 @@ agent {
 	c.DeclRange = hcl.Range{}
 	want := &Coordination{Etcd: []string{"https://etcd1:2379", "https://etcd2:2379", "https://etcd3:2379"},
 		CAFile: "/etc/agent/etcd-ca.pem", CertFile: filepath.Join(p.Dir, "tls/agent.pem"), KeyFile: filepath.Join(p.Dir, "tls/agent-key.pem"),
-		Prefix: "/agent/prod", Lease: 20 * time.Second, Name: "kpro5"}
+		Prefix: "/agent/prod", Lease: 20 * time.Second, Name: "kpro5",
+		HostDisruptions: HostDisruptions{MaxUnavailable: 2, Group: "gpu-hosts"}}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("coordination (-want +got):\n%s", diff)
 	}
@@ -51,7 +56,8 @@ agent {
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	if c := p.Agent.Coordination; c.Prefix != DefaultCoordinationPrefix || c.Lease != DefaultCoordinationLease {
+	if c := p.Agent.Coordination; c.Prefix != DefaultCoordinationPrefix || c.Lease != DefaultCoordinationLease ||
+		c.HostDisruptions != (HostDisruptions{MaxUnavailable: 1, Group: DefaultHostGroup}) {
 		t.Errorf("defaults: %+v", c)
 	}
 	p, _ = load(t, "agent {\n  state_dir = \"/x\"\n}\n", Options{})
@@ -74,6 +80,9 @@ func TestCoordinationErrors(t *testing.T) {
 		{"slash in name", block("    etcd = [\"http://e:2379\"]\n    name = \"a/b\"\n"), "Invalid name @ 4:5"},
 		{"root prefix", block("    etcd = [\"http://e:2379\"]\n    prefix = \"/\"\n"), "Invalid prefix @ 4:5"},
 		{"unknown attribute", block("    etcd = [\"http://e:2379\"]\n    ttl = \"5s\"\n"), "Unsupported argument @ 4:5"},
+		{"no host allowed", block("    etcd = [\"http://e:2379\"]\n    host_disruptions {\n      max_unavailable = 0\n    }\n"), "Invalid max_unavailable @ 4:5"},
+		{"slash in host group", block("    etcd = [\"http://e:2379\"]\n    host_disruptions {\n      group = \"a/b\"\n    }\n"), "Invalid host group @ 4:5"},
+		{"two host_disruptions", block("    etcd = [\"http://e:2379\"]\n    host_disruptions {}\n    host_disruptions {}\n"), "Duplicate host_disruptions block @ 5:5"},
 		{"two blocks", "agent {\n  coordination {\n    etcd = [\"http://e:2379\"]\n  }\n  coordination {\n    etcd = [\"http://e:2379\"]\n  }\n}\n", "Duplicate coordination block @ 5:3"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

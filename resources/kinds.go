@@ -5,7 +5,9 @@
 package resources
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/agent-dev/agent/internal/gpu"
 	"github.com/agent-dev/agent/internal/proc"
@@ -58,4 +60,15 @@ func (h Machine) Path(rel string) string {
 		root = "/"
 	}
 	return filepath.Join(root, filepath.FromSlash(rel))
+}
+
+// BootID is this boot's id (/proc/sys/kernel/random/boot_id under the root); "" when not
+// readable. A reboot changes it: the driver's reboot once per boot and a host permit's
+// release after the reboot go by it.
+func (h Machine) BootID() string {
+	b, err := os.ReadFile(h.Path("proc/sys/kernel/random/boot_id"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

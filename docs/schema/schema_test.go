@@ -80,7 +80,9 @@ func documents(t *testing.T) map[string][]byte {
 			Rollouts:  []fleet.InFlight{{Group: "qwen", Member: "server.qwen", Action: "restart", Since: since, Failed: ""}}}},
 		{Host: "kpro6", Reachable: false, Updated: since, Summary: nil},
 	}, Rollouts: []coord.Group{{Name: "qwen", Permits: []coord.Permit{{Group: "qwen", Host: "kpro5", Member: "server.qwen", State: coord.Disrupting, Action: "restart", Since: since, Revision: 812}},
-		Stop: &coord.Stop{Group: "qwen", Host: "kpro7", Member: "server.qwen", Reason: "exited: CUDA out of memory", Since: since}}}})
+		Stop: &coord.Stop{Group: "qwen", Host: "kpro7", Member: "server.qwen", Reason: "exited: CUDA out of memory", Since: since}}},
+		HostPermits: []coord.HostPermit{{Group: "gpu-hosts", Host: "kpro6", Cause: "driver", Detail: "driver 580.95.05 → 590.48.01", State: coord.HostRebooting,
+			BootID: "b1", RebootID: "b1", Since: since, Updated: since, Members: map[string][]string{"qwen": {"server.qwen"}}, Revision: 815}}})
 	var fb bytes.Buffer
 	if err := view.WriteJSON(&fb, fl); err != nil {
 		t.Fatal(err)

@@ -56,6 +56,7 @@ Usage:
   agent run PLAN          the reconcile loop, as a systemd service (docs/service.md)
   agent fmt [-check] PLAN rewrite plan files in canonical form
   agent export            observe this host and print a plan that reproduces it (docs/export.md)
+  agent fleet release HOST PLAN  free a host's host permit (a host that does not come back; docs/fleet.md)
   agent version           print the version
   agent help COMMAND      a command's flags and an example (as agent COMMAND --help)
 
@@ -98,6 +99,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return runShow(rest, stdout, stderr)
 	case "export":
 		return runExport(ctx, rest, stdout, stderr)
+	case "fleet":
+		return runFleet(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		if len(rest) > 0 && (rest[0] == "--help" || rest[0] == "-h") {
 			writeHelp(stdout, "version", nil)

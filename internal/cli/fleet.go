@@ -43,7 +43,7 @@ func fleetStatus(ctx context.Context, p *plans.Plan, asJSON bool, agents []strin
 	fail := func(msg string) int {
 		var st *fleet.Status
 		if len(agents) > 0 && p.Agent.Coordination != nil {
-			st = &fleet.Status{Prefix: p.Agent.Coordination.Prefix, Hosts: fleet.FromAgents(ctx, agents, red), Rollouts: []coord.Group{}}
+			st = &fleet.Status{Prefix: p.Agent.Coordination.Prefix, Hosts: fleet.FromAgents(ctx, agents, red), Rollouts: []coord.Group{}, HostPermits: []coord.HostPermit{}}
 		} else if p.Agent.Coordination != nil {
 			msg += "; name the agents' metrics_listen addresses with --hosts ADDR,... to read each one's own /status"
 		}
@@ -112,6 +112,7 @@ func writeFleet(w io.Writer, st *fleet.Status, now time.Time) {
 	}
 	fmt.Fprintln(w)
 	writeHosts(w, st, now)
+	writeHostPermits(w, st.HostPermits, now)
 	if st.Epoch != nil {
 		fmt.Fprintf(w, "New epoch: %s\n", st.Epoch.Error())
 	}

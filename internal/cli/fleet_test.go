@@ -43,3 +43,19 @@ Rollouts in flight:
 		t.Errorf("the stop is not shown as %q:\n%s", want, b.String())
 	}
 }
+
+// A host under disruption, for people: who, what, since when, how long the permit is held.
+func TestWriteFleetHostPermits(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 16, 30, 0, time.Local)
+	st := &fleet.Status{Prefix: "/agent/prod", HostPermits: []coord.HostPermit{{Group: "gpu-hosts", Host: "kpro6", Cause: "driver",
+		Detail: "driver 580.95.05 → 590.48.01", State: coord.HostRebooting, Since: time.Date(2026, 12, 3, 10, 4, 10, 0, time.Local)}}}
+	var b strings.Builder
+	writeFleet(&b, st, now)
+	want := "Hosts under disruption:\n  kpro6 rebooting since 10:04 (driver 580.95.05 → 590.48.01), permit held 12m (host group gpu-hosts; agent fleet release kpro6 frees it)\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("got\n%s\nwant it to hold\n%s", b.String(), want)
+	}
+	if !st.Degraded() {
+		t.Error("a fleet with a host under disruption is not degraded")
+	}
+}

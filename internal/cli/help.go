@@ -47,6 +47,9 @@ var commands = map[string]command{
 	"export": {"agent export [flags] > host.hcl",
 		"Observe this host (servers, weights, containers, the driver) and print a plan that\nreproduces it; it only reads (docs/export.md).",
 		"agent export --hostname kpro5 > kpro5.hcl"},
+	"fleet": {"agent fleet release HOST PLAN [flags]",
+		"Free the host permit HOST holds (a host disruption whose host does not come back:\nthe rest of its host group waits for it), logged in etcd with who and when; agent\nstatus --fleet shows the permits held. Exit 0 freed, 1 none held or etcd unreachable.",
+		"agent fleet release kpro6 /etc/agent/plan.hcl --reason \"board replaced\""},
 	"version": {"agent version", "Print the version.", "agent version"},
 }
 

@@ -129,6 +129,11 @@ func (c *Client) Acquire(ctx context.Context, group, member, action string, slot
 		if stop != nil {
 			return 0, &Refusal{Group: group, Slots: slots, Stop: stop}
 		}
+		hosts, err := c.disruptedHosts(ctx, group) // hostpermit.go: their servers are down
+		if err != nil {
+			return 0, err
+		}
+		holders = append(holders, hosts...)
 		if len(holders) >= slots {
 			return 0, &Refusal{Group: group, Slots: slots, Holders: holders}
 		}

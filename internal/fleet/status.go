@@ -110,6 +110,9 @@ type Status struct {
 	Prefix   string        `json:"prefix"`
 	Hosts    []HostStatus  `json:"hosts"`
 	Rollouts []coord.Group `json:"rollouts"`
+	// HostPermits are the hosts under disruption (a driver upgrade, a reboot, a drain),
+	// oldest first: each holds its host group's permit until it is verified again.
+	HostPermits []coord.HostPermit `json:"host_permits"`
 	// Epoch is the fence of a new epoch (etcd lost its state): no new permit until it
 	// expires. Nil when none.
 	Epoch *coord.Epoch `json:"epoch,omitempty"`
@@ -143,7 +146,11 @@ func Read(ctx context.Context, c *coord.Client) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{Prefix: c.Prefix(), Hosts: []HostStatus{}, Rollouts: groups, Epoch: epoch}
+	held, err := c.HostPermits(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{Prefix: c.Prefix(), Hosts: []HostStatus{}, Rollouts: groups, HostPermits: held, Epoch: epoch}
 	if st.Rollouts == nil {
 		st.Rollouts = []coord.Group{}
 	}
@@ -247,13 +254,20 @@ type Document struct {
 
 // NewDocument is the fleet's status document.
 func NewDocument(st *Status) *Document {
+	if st.HostPermits == nil {
+		st.HostPermits = []coord.HostPermit{}
+	}
 	doc := &Document{JSONOutput: view.NewJSONOutput("status"), Fleet: st}
 	doc.OK = true
 	return doc
 }
 
-// Degraded reports whether a host is unreachable or unhealthy, or a rollout stopped.
+// Degraded reports whether a host is unreachable, unhealthy or under disruption, or a
+// rollout stopped.
 func (s *Status) Degraded() bool {
+	if len(s.HostPermits) > 0 {
+		return true
+	}
 	for _, h := range s.Hosts {
 		if !h.Reachable || h.Summary == nil || !h.Summary.Healthy {
 			return true

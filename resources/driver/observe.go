@@ -98,9 +98,7 @@ func observeDriver(ctx context.Context, h resources.Machine) (*driverObs, error)
 	if err := observeNouveau(h, o); err != nil {
 		return nil, err
 	}
-	if b, err := os.ReadFile(h.Path("proc/sys/kernel/random/boot_id")); err == nil {
-		o.BootID = strings.TrimSpace(string(b))
-	}
+	o.BootID = h.BootID()
 	info, err := h.GPU.Observe(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("observe the GPUs: %w", err)
