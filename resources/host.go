@@ -79,7 +79,8 @@ type GPUServerStopper interface {
 	// reason is for its logs ("nvidia_driver.host: driver 570.x → 580.95.05").
 	// Processes it leaves running make the driver change fail, naming them.
 	// records are the state's records, read-only (the driver's Scoped.Others): the
-	// servers' are there (resources/peers.go, serverRecords).
+	// servers' are there (resources/peers.go, serverRecords). gpuPIDs nil stops every
+	// server of the records, GPU or not (agent drain).
 	StopGPUServers(ctx context.Context, records *state.View, gpuPIDs []int, reason string) error
 }
 

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/drain"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/savedplan"
 	"github.com/agent-dev/agent/internal/state"
@@ -56,6 +57,7 @@ Usage:
   agent run PLAN          the reconcile loop, as a systemd service (docs/service.md)
   agent fmt [-check] PLAN rewrite plan files in canonical form
   agent export            observe this host and print a plan that reproduces it (docs/export.md)
+  agent drain PLAN        stop every server for hardware work, under a host permit; --undo relaunches
   agent fleet release HOST PLAN  free a host's host permit (a host that does not come back; docs/fleet.md)
   agent version           print the version
   agent help COMMAND      a command's flags and an example (as agent COMMAND --help)
@@ -89,7 +91,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	switch cmd {
-	case "validate", "plan", "apply", "status", "destroy":
+	case "validate", "plan", "apply", "status", "destroy", "drain":
 		return run(ctx, cmd, rest, stdout, stderr)
 	case "run":
 		return runDaemon(ctx, rest, stdout, stderr)
@@ -143,6 +145,8 @@ type options struct {
 	fleet         bool
 	hosts         string
 	out           string
+	reason        string // drain
+	undo          bool   // drain --undo
 }
 
 // parseInterleaved parses flags that may come before or after positional arguments, as
@@ -175,13 +179,13 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 		cmds  string // the commands that take it
 		apply func()
 	}{
-		{"state-dir", "plan apply status destroy run", func() {
+		{"state-dir", "plan apply status destroy run drain", func() {
 			fs.StringVar(&o.stateDir, "state-dir", "", "`DIR`: where state and the lock live (default: the plan's agent.state_dir, else /var/lib/agent)")
 		}},
 		{"json", "validate plan apply status destroy", func() {
 			fs.BoolVar(&o.json, "json", false, "one JSON document instead of text (docs/json-output.md)")
 		}},
-		{"var", "validate plan apply status destroy run", func() {
+		{"var", "validate plan apply status destroy run drain", func() {
 			fs.Var(&o.vars, "var", "`NAME=VALUE`: set a variable (repeatable; also AGENT_VAR_NAME in the environment)")
 			fs.Var(&o.varFiles, "var-file", "`FILE`: read variables from an HCL file (repeatable)")
 		}},
@@ -191,7 +195,7 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 		{"parallelism", "plan apply status destroy run", func() {
 			fs.IntVar(&o.parallelism, "parallelism", agent.DefaultParallelism, "`N` resources observed or applied at once")
 		}},
-		{"lock-timeout", "plan apply destroy run", func() {
+		{"lock-timeout", "plan apply destroy run drain", func() {
 			fs.DurationVar(&o.lockTimeout, "lock-timeout", 0, "`DUR`: wait this long for another agent's lock (0: fail at once)")
 		}},
 		{"host-override", "plan apply status destroy run", func() {
@@ -203,13 +207,17 @@ func flagSet(cmd string, o *options, stderr io.Writer) *flag.FlagSet {
 		{"allow-delete-all", "plan apply", func() {
 			fs.BoolVar(&o.allowDelAll, "allow-delete-all", false, "let an apply delete every server the agent manages when the plan keeps none")
 		}},
-		{"log-level", "validate plan apply status destroy run", func() {
+		{"log-level", "validate plan apply status destroy run drain", func() {
 			fs.StringVar(&o.logLevel, "log-level", "warn", "`LEVEL`: debug, info, warn or error; logs go to stderr")
 		}},
 	} {
 		if slices.Contains(strings.Fields(f.cmds), cmd) {
 			f.apply()
 		}
+	}
+	if cmd == "drain" {
+		fs.StringVar(&o.reason, "reason", "", "`TEXT`: why (shown in agent status --fleet and kept in the drain record)")
+		fs.BoolVar(&o.undo, "undo", false, "relaunch the servers, verified, and release the host permit once they serve")
 	}
 	if cmd == "plan" {
 		fs.StringVar(&o.out, "out", "", "`FILE`: also save the plan, bound to what it observed, for agent apply FILE (0600)")
@@ -346,6 +354,9 @@ func (inv *invocation) execute(ctx context.Context) int {
 		return inv.fail(err)
 	}
 	inv.store = store
+	if cmd == "drain" {
+		return inv.drain(ctx, store)
+	}
 	var rollouts *agent.Rollouts
 	if cmd == "apply" {
 		r, leave, err := fleetRollouts(p, store, inv.log)
@@ -382,6 +393,7 @@ func (inv *invocation) execute(ctx context.Context) int {
 		StepContext:    stopProgress(cmd, o.json, inv.human),
 		Rollouts:       rollouts,
 		FingerprintKey: inv.key,
+		Hold:           holdDrained(cmd, store.Dir()),
 	})
 	if err != nil {
 		return inv.fail(err)
@@ -558,4 +570,14 @@ func drawsBars(stdout, stderr io.Writer, getenv func(string) string) bool {
 		return ok && term.IsTerminal(int(f.Fd()))
 	}
 	return tty(stdout) && tty(stderr) && getenv("NO_COLOR") == "" && getenv("TERM") != "dumb"
+}
+
+// holdDrained is the engine's Hold of plan and apply: a drained host's servers are held
+// (agent drain --undo relaunches them); status observes them as they are, destroy
+// removes them.
+func holdDrained(cmd, stateDir string) func(string) error {
+	if cmd != "plan" && cmd != "apply" {
+		return nil
+	}
+	return drain.Hold(stateDir)
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/drain"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
@@ -445,6 +446,13 @@ func (d *Daemon) install(p *plans.Plan, diags hcl.Diagnostics) error {
 	// plan must not replace the last good one either.
 	opts := d.engineOptions()
 	opts.Rollouts = d.rolloutsFor(store)
+	drained := drain.Hold(store.Dir()) // agent drain: the servers stay down until --undo
+	opts.Hold = func(addr string) error {
+		if err := d.hold(addr); err != nil {
+			return err
+		}
+		return drained(addr)
+	}
 	eng, err := agent.New(p, d.cfg.Kinds, store, opts)
 	if err != nil {
 		return d.rejected(fmt.Errorf("plan %s: %w", d.cfg.PlanPath, err))

@@ -3,6 +3,9 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/plans"
@@ -52,4 +55,29 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 		return false, p, err
 	}
 	return true, nil, nil
+}
+
+// OpenCommand connects a command (agent drain) to the fleet with a lease of its own, not
+// agent run's (no lease file: Close revokes it, and a host permit does not live on it),
+// and waits up to wait for the lease to be live: a host permit is taken only under one.
+func OpenCommand(ctx context.Context, c *plans.Coordination, log *slog.Logger, wait time.Duration) (*coord.Client, error) {
+	cl, err := coord.Open(configOf(c, log))
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		_, _, _, err := cl.LeaseState()
+		if err == nil {
+			return cl, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			cl.Close()
+			return nil, fmt.Errorf("etcd %s: no lease within %s: %w (check that etcd runs: etcdctl endpoint health)", strings.Join(c.Etcd, ","), wait, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

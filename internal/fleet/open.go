@@ -16,8 +16,8 @@ func Open(c *plans.Coordination, log *slog.Logger, stateDir string) (*coord.Clie
 	if c == nil {
 		return nil, nil
 	}
-	cfg := coord.Config{Endpoints: c.Etcd, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
-		Prefix: c.Prefix, Lease: c.Lease, Host: c.Name, Log: log, ReadOnly: stateDir == ""}
+	cfg := configOf(c, log)
+	cfg.ReadOnly = stateDir == ""
 	if stateDir != "" {
 		cfg.LeaseFile = filepath.Join(stateDir, LeaseFile)
 	}
@@ -41,4 +41,10 @@ func Leave(c *coord.Client, p *Permits) {
 		return
 	}
 	c.Close()
+}
+
+// configOf is the client's configuration of the plan's coordination block.
+func configOf(c *plans.Coordination, log *slog.Logger) coord.Config {
+	return coord.Config{Endpoints: c.Etcd, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
+		Prefix: c.Prefix, Lease: c.Lease, Host: c.Name, Log: log}
 }

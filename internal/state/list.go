@@ -132,3 +132,7 @@ func (v *View) List(kind string) ([]string, error) {
 
 // Load reads the record of addr into x; false when there is none.
 func (v *View) Load(addr string, x any) (bool, error) { return v.store.Load(addr, x) }
+
+// View is the read-only view of every record of the store (agent drain's stop of the
+// servers, outside any resource).
+func (s *Store) View() *View { return &View{store: s} }

@@ -47,3 +47,7 @@ func wire(h resources.Machine) resources.Machine {
 	}
 	return h
 }
+
+// Machine is the host Kinds acts on, wired as its kinds have it: agent drain stops the
+// servers through its StopGPUServers, the stopper a driver change uses.
+func Machine() resources.Machine { return wire(resources.HostFromEnv(os.Getenv)) }

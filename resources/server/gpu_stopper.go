@@ -45,7 +45,7 @@ func (s serverStopper) StopGPUServers(ctx context.Context, records *state.View, 
 			continue
 		}
 		alive, err := s.proc.Alive(rec.id())
-		if err != nil || !alive || !s.holdsGPU(&rec, gpuPIDs) {
+		if err != nil || !alive || (gpuPIDs != nil && !s.holdsGPU(&rec, gpuPIDs)) {
 			continue
 		}
 		// Machine PIDs, whatever the place: the host's /proc sees container processes too.

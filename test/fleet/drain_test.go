@@ -1,0 +1,147 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// agentCmd runs `agent ARGS... PLAN -var-file --state-dir` as x, and returns its exit
+// code and combined output.
+func (h *harness) agentCmd(x *host, args ...string) (int, string) {
+	h.t.Helper()
+	args = append(args, h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
+	cmd := exec.Command(h.agentBin, args...)
+	cmd.Env = append(os.Environ(), "HOME="+h.work)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		h.t.Fatal(err)
+	}
+	return code, out.String()
+}
+
+// hostPermits reads the host permits' keys from etcd.
+func (h *harness) hostPermits() []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := h.cli.Get(ctx, prefix+"/rollouts/@hosts/", clientv3.WithPrefix())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for _, kv := range resp.Kvs {
+		if strings.Contains(string(kv.Key), "/holders/") {
+			out = append(out, string(kv.Key)+" "+string(kv.Value))
+		}
+	}
+	return out
+}
+
+// agent drain under agent run: the drain takes the host group's one permit and stops the
+// host's server (verified), agent run keeps it down, the other host's drain is refused
+// with the holder named, and agent drain --undo relaunches it and releases the permit.
+func TestDrainHoldsTheHostPermit(t *testing.T) {
+	h := newHarness(t, 1, 2, 2*time.Second, "1s")
+	h.deploy("0.80")
+	h1, h2 := h.hosts[0], h.hosts[1]
+
+	code, out := h.agentCmd(h1, "drain", "--reason", "replace GPU 3")
+	if code != 0 || !strings.Contains(out, "Drained: 1 servers stopped and verified gone (server.qwen). This host holds a host permit of group all.") {
+		t.Fatalf("drain h1: exit %d\n%s", code, out)
+	}
+	if h1.serves() {
+		t.Fatal("h1's server serves after the drain")
+	}
+	if ps := h.hostPermits(); len(ps) != 1 || !strings.Contains(ps[0], "/all/holders/h1 ") || !strings.Contains(ps[0], `"state":"drained"`) {
+		t.Fatalf("host permits in etcd: %q", ps)
+	}
+	// agent run does not relaunch it (three passes of 2 s).
+	time.Sleep(7 * time.Second)
+	if h1.serves() {
+		t.Fatalf("agent run relaunched a drained server:\n%s", tail(h1.log(), 2000))
+	}
+	if !strings.Contains(h1.log(), "host drained by ") {
+		t.Errorf("agent run's log does not say why it keeps server.qwen down:\n%s", tail(h1.log(), 2000))
+	}
+	// The other host: refused, h1 named.
+	code, out = h.agentCmd(h2, "drain")
+	if code != 1 || !strings.Contains(out, "refused: host group all: 1 of 1 host permits held: h1 drained since") ||
+		!strings.Contains(out, "replace GPU 3") || !h2.serves() {
+		t.Fatalf("drain h2 while h1 is drained: exit %d\n%s", code, out)
+	}
+	doc, text := h.fleetStatus(h1)
+	if hp, _ := doc["fleet"].(map[string]any)["host_permits"].([]any); len(hp) != 1 {
+		t.Errorf("status --fleet does not show h1's host permit:\n%s", text)
+	}
+
+	code, out = h.agentCmd(h1, "drain", "--undo")
+	if code != 0 || !strings.Contains(out, "Undrained: 1 servers serve again.") || !h1.serves() {
+		t.Fatalf("drain --undo h1: exit %d\n%s", code, out)
+	}
+	if ps := h.hostPermits(); len(ps) != 0 {
+		t.Fatalf("h1's permit after its undo: %q", ps)
+	}
+	code, out = h.agentCmd(h2, "drain")
+	if code != 0 || h2.serves() {
+		t.Fatalf("drain h2 once h1 released: exit %d\n%s", code, out)
+	}
+	if code, out = h.agentCmd(h2, "drain", "--undo"); code != 0 || !h2.serves() {
+		t.Fatalf("drain --undo h2: exit %d\n%s", code, out)
+	}
+	h.converged("0.80", time.Minute)
+}
+
+// Without coordination, agent drain stops the servers (verified) and keeps them down for
+// apply; agent drain --undo relaunches them. No etcd is involved.
+func TestDrainWithoutCoordination(t *testing.T) {
+	testbin.Long(t, "runs the agent and a server")
+	work := t.TempDir()
+	t.Cleanup(func() { testbin.KillServers(work) })
+	port := testbin.FreePort(t)
+	plan := filepath.Join(work, "plan.hcl")
+	src := testbin.GroupServer{Name: "qwen", Command: strconv.Quote(testbin.FakeSGLang(t)), Port: strconv.Itoa(port), Mem: `"0.80"`,
+		Settle: "1s", LogDir: strconv.Quote(filepath.Join(work, "logs")), Group: "qwen"}.HCL()
+	if err := os.WriteFile(plan, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	x := &host{port: port}
+	run := func(args ...string) (int, string) {
+		cmd := exec.Command(testbin.Agent(t), append(args, plan, "--state-dir", filepath.Join(work, "state"))...)
+		cmd.Env = append(os.Environ(), "HOME="+work)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		return code, string(out)
+	}
+	if code, out := run("apply"); code != 0 || !x.serves() {
+		t.Fatalf("apply: exit %d\n%s", code, out)
+	}
+	if code, out := run("drain", "--reason", "reseat the NVLink bridge"); code != 0 || x.serves() || strings.Contains(out, "host permit") {
+		t.Fatalf("drain: exit %d, serves %v\n%s", code, x.serves(), out)
+	}
+	if code, out := run("apply"); code != 1 || !strings.Contains(out, "host drained by ") || !strings.Contains(out, "reseat the NVLink bridge") || x.serves() {
+		t.Fatalf("apply on a drained host: exit %d, serves %v\n%s", code, x.serves(), out)
+	}
+	if code, out := run("drain", "--undo"); code != 0 || !strings.Contains(out, "Undrained: 1 servers serve again.") || !x.serves() {
+		t.Fatalf("drain --undo: exit %d, serves %v\n%s", code, x.serves(), out)
+	}
+	if code, out := run("plan"); code != 0 {
+		t.Errorf("plan after the undo: exit %d\n%s", code, out)
+	}
+}
