@@ -84,6 +84,20 @@ type GPUServerStopper interface {
 	StopGPUServers(ctx context.Context, records *state.View, gpuPIDs []int, reason string) error
 }
 
+// HostDisruption is the hook of a disruption of the whole host (a driver replace, the
+// reboot after it) in a fleet: its host permit (internal/fleet.HostGate implements it;
+// docs/fleet.md "Host disruptions"). Nil, or a gate without coordination, asks nothing.
+type HostDisruption interface {
+	// Begin takes this host's host permit for cause ("driver", "reboot") and detail
+	// ("driver 580.95.05 → 590.48.01") before the first server stops; a permit the host
+	// holds already is kept. An error (a refusal names the holder) refuses the disruption.
+	Begin(ctx context.Context, cause, detail string) error
+	// Rebooting records in the permit (taken first if need be) that the host reboots
+	// from boot bootID, before the reboot is asked for: the permit is released at boot,
+	// in another boot, once the driver and the servers are verified.
+	Rebooting(ctx context.Context, cause, detail, bootID string) error
+}
+
 // HostRootEnv names the environment variable that moves the host's root for
 // observation: `AGENT_HOST_ROOT=/tmp/fake agent status plan.hcl` reads the driver's
 // /proc, /sys and library files under /tmp/fake, observes GPUs through those files only

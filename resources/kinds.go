@@ -31,6 +31,9 @@ type Machine struct {
 	// (the server resource implements it); nil: a driver change refuses to run while
 	// processes use the GPUs, and names them.
 	StopGPUServers GPUServerStopper
+	// HostDisruption takes the fleet's host permit before a driver replace and records
+	// the reboot in it (agent { coordination }); nil: nothing is asked.
+	HostDisruption HostDisruption
 	// Containers and Servers answer one kind's questions of another's records
 	// (peers.go); resources/registry sets them to the container and server kinds.
 	Containers Containers

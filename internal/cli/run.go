@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -15,10 +16,12 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/daemon"
+	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 	"github.com/agent-dev/agent/resources/registry"
 )
 
@@ -43,8 +46,14 @@ func runDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "agent run: %v\n", err)
 		return exitUsage
 	}
-	kinds := registry.Kinds()
+	// The driver kind asks the fleet's host permit through the gate (agent { coordination }).
+	m := resources.HostFromEnv(os.Getenv)
+	gate := fleet.NewHostGate(m.BootID)
+	m.HostDisruption = gate
+	kinds := registry.KindsFor(m)
 	err = daemon.Run(ctx, daemon.Config{
+		HostGate: gate,
+		BootID:   m.BootID,
 		PlanPath: pos[0],
 		Load: func() (*plans.Plan, hcl.Diagnostics) {
 			return loadPlan(pos[0], o, kinds)

@@ -39,6 +39,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/drain"
+	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
@@ -70,6 +71,12 @@ type Config struct {
 	PlanPath string
 	Load     func() (*plans.Plan, hcl.Diagnostics)
 	Kinds    []agent.Kind
+	// HostGate, when set, is the host-permit hook the Kinds' machine holds
+	// (Machine.HostDisruption): joining the fleet attaches it, and the loop releases at
+	// boot a host permit its host recorded (driver upgrade, reboot) once verified.
+	HostGate *fleet.HostGate
+	// BootID reads this boot's id (for the host permit's release after a reboot).
+	BootID func() string
 	// StateDir overrides the plan's agent.state_dir.
 	StateDir string
 	// Interval and Listen override the plan's agent block when set. The interval is each

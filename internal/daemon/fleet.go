@@ -36,7 +36,15 @@ func (d *Daemon) joinFleet(ctx context.Context) (func(), error) {
 	}
 	d.log.Info("coordination: joined the fleet", "etcd", cfg.Etcd, "prefix", cfg.Prefix, "host", c.Host(), "lease", cfg.Lease)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{}, 2)
+	done := make(chan struct{}, 3)
+	d.mu.Lock()
+	plan := d.plan
+	d.mu.Unlock()
+	d.cfg.HostGate.Attach(c, plan)
+	go func() {
+		defer func() { done <- struct{}{} }()
+		d.finishHost(ctx, c, cfg.HostDisruptions.Group)
+	}()
 	go func() {
 		defer func() { done <- struct{}{} }()
 		fleet.Publish(ctx, c, d.log, func() fleet.Summary {
@@ -60,6 +68,8 @@ func (d *Daemon) joinFleet(ctx context.Context) (func(), error) {
 		cancel()
 		<-done
 		<-done
+		<-done
+		d.cfg.HostGate.Attach(nil, nil)
 		fleet.Leave(c, permits)
 	}, nil
 }

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 )
 
 // HostRequest is the host permit a disruption of this host asks for under plan p: in
@@ -80,4 +82,72 @@ func OpenCommand(ctx context.Context, c *plans.Coordination, log *slog.Logger, w
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// HostGate is resources.HostDisruption over the fleet's etcd: the driver kind asks it
+// for the host permit before a replace and records its reboot in it. Until Attach (and
+// without coordination) it asks nothing. One per process: the kinds hold it from before
+// the fleet is joined.
+type HostGate struct {
+	boot func() string
+	mu   sync.Mutex
+	c    *coord.Client
+	p    *plans.Plan
+}
+
+var _ resources.HostDisruption = (*HostGate)(nil)
+
+// NewHostGate is a gate that reads this boot's id through boot.
+func NewHostGate(boot func() string) *HostGate { return &HostGate{boot: boot} }
+
+// Attach makes the gate ask c for host permits under p's host_disruptions (c nil: ask
+// nothing again). A nil gate ignores it.
+func (g *HostGate) Attach(c *coord.Client, p *plans.Plan) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.c, g.p = c, p
+}
+
+func (g *HostGate) get() (*coord.Client, *plans.Plan) {
+	if g == nil {
+		return nil, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.p == nil || g.p.Agent.Coordination == nil {
+		return nil, nil
+	}
+	return g.c, g.p
+}
+
+// Begin implements resources.HostDisruption: the host permit, at most 10 s of asking.
+func (g *HostGate) Begin(ctx context.Context, cause, detail string) error {
+	c, p := g.get()
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := c.TakeHost(ctx, HostRequest(p, cause, detail, g.boot()))
+	return err
+}
+
+// Rebooting implements resources.HostDisruption: the permit (taken if need be) says
+// the host reboots from bootID.
+func (g *HostGate) Rebooting(ctx context.Context, cause, detail, bootID string) error {
+	if err := g.Begin(ctx, cause, detail); err != nil {
+		return err
+	}
+	c, p := g.get()
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return c.UpdateHost(ctx, p.Agent.Coordination.HostDisruptions.Group, func(hp *coord.HostPermit) {
+		hp.State, hp.RebootID = coord.HostRebooting, bootID
+	})
 }

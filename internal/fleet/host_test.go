@@ -61,3 +61,36 @@ func TestFinishHostAfterANewBootAndVerified(t *testing.T) {
 		t.Fatalf("a drain: released %v, pending %v, %v", released, pending, err)
 	}
 }
+
+// The driver kind's gate: nothing asked before the fleet is joined (or without
+// coordination); joined, Begin takes the host permit and Rebooting records the boot the
+// host reboots from; another host's gate is refused with kpro6 named.
+func TestHostGateTakesAndRecordsTheReboot(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	a := client(t, cl, "kpro6", false)
+	b := client(t, cl, "kpro7", false)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ga, gb := NewHostGate(func() string { return "boot-a" }), NewHostGate(func() string { return "boot-b" })
+	if err := ga.Begin(ctx, "driver", "driver 580.95.05 → 590.48.01"); err != nil {
+		t.Fatalf("a gate not attached: %v", err)
+	}
+	if ps, _ := a.HostPermits(ctx); len(ps) != 0 {
+		t.Fatalf("a gate not attached took %+v", ps)
+	}
+	ga.Attach(a, hostPlan())
+	gb.Attach(b, hostPlan())
+	if err := ga.Begin(ctx, "driver", "driver 580.95.05 → 590.48.01"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ga.Rebooting(ctx, "reboot", "driver 580.95.05 → 590.48.01: installed 590.48.01, loaded 580.95.05", "boot-a"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.MyHostPermit(ctx, "gpu-hosts")
+	if err != nil || p == nil || p.State != coord.HostRebooting || p.RebootID != "boot-a" || p.BootID != "boot-a" || p.Cause != "driver" {
+		t.Fatalf("kpro6's permit: %+v, %v", p, err)
+	}
+	if err := gb.Begin(ctx, "driver", "x"); err == nil || !strings.Contains(err.Error(), "kpro6 rebooting since") {
+		t.Fatalf("kpro7's gate: %v", err)
+	}
+}

@@ -31,6 +31,10 @@ var installerArgs = []string{"--silent", "--no-questions", "--ui=none", "--disab
 // only when the host still needs it, reboot (reboot = "allowed") or record that it must.
 func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) error {
 	det := diff.Detail.(*driverPlan)
+	loaded := "" // the driver before this apply, for the fleet's host permit
+	if det.obs != nil {
+		loaded = det.obs.Loaded
+	}
 	rec, err := d.load(env)
 	if err != nil {
 		return err
@@ -51,6 +55,9 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 
 	if det.install {
 		if det.replacing {
+			if err := d.beginDisruption(ctx, loaded); err != nil {
+				return err
+			}
 			if err := d.stopGPUUsers(ctx, env, det.obs); err != nil {
 				return err
 			}
@@ -122,6 +129,11 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 	// twice for the same cause in the same boot.
 	if err := d.save(env, rec); err != nil {
 		return err
+	}
+	if hd := d.host.HostDisruption; hd != nil {
+		if err := hd.Rebooting(ctx, "reboot", d.disruptionDetail(loaded)+": "+rec.RebootRequested.Reason, o.BootID); err != nil {
+			return fmt.Errorf("reboot (%s): the fleet's host permit: %w", rec.RebootRequested.Reason, err)
+		}
 	}
 	env.Log.Warn("rebooting the host", "reason", rec.RebootRequested.Reason)
 	if out, err := d.host.Run.Run(ctx, resources.Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {
@@ -297,4 +309,24 @@ func tailFile(p string, n int) string {
 		return "(" + err.Error() + ")"
 	}
 	return resources.TailLines(data, n)
+}
+
+// beginDisruption takes the fleet's host permit (Machine.HostDisruption) before a
+// replace stops the servers; without coordination it asks nothing.
+func (d *Driver) beginDisruption(ctx context.Context, loaded string) error {
+	if d.host.HostDisruption == nil {
+		return nil
+	}
+	if err := d.host.HostDisruption.Begin(ctx, "driver", d.disruptionDetail(loaded)); err != nil {
+		return fmt.Errorf("driver %s: the fleet's host permit: %w", d.version, err)
+	}
+	return nil
+}
+
+// disruptionDetail is what a host permit says of this driver change.
+func (d *Driver) disruptionDetail(loaded string) string {
+	if loaded == "" {
+		return "driver " + d.version
+	}
+	return fmt.Sprintf("driver %s → %s", loaded, d.version)
 }

@@ -1,0 +1,110 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/coord/etcdtest"
+)
+
+// At boot, agent run finds the host permit its host recorded before rebooting: kept in
+// the boot it rebooted from (the reboot has not happened), kept while a resource is not
+// verified, released once every resource is, in the new boot. A second host is refused
+// with kpro6 named until then.
+func TestBootReleasesTheHostPermitOnceVerified(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	open := func(host string) *coord.Client {
+		c, err := coord.Open(coord.Config{Endpoints: cl.Endpoints(), Prefix: "/agent/d", Lease: 2 * time.Second, Host: host})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		waitFor(t, host+"'s lease", func() bool { _, _, _, err := c.LeaseState(); return err == nil })
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// kpro6's agent, before its reboot (the driver's Rebooting): taken, then recorded.
+	pre := open("kpro6")
+	req := coord.HostRequest{Group: "gpu-hosts", Max: 1, Cause: "driver", Detail: "driver 580.95.05 → 590.48.01", BootID: "boot-1"}
+	if _, err := pre.TakeHost(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := pre.UpdateHost(ctx, "gpu-hosts", func(p *coord.HostPermit) { p.State, p.RebootID = coord.HostRebooting, "boot-1" }); err != nil {
+		t.Fatal(err)
+	}
+	pre.Abandon()
+	kpro7 := open("kpro7")
+	held := func() *coord.HostPermit {
+		t.Helper()
+		ps, err := kpro7.HostPermits(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if p.Host == "kpro6" {
+				return &p
+			}
+		}
+		return nil
+	}
+	plan := func(fail bool) string {
+		return fmt.Sprintf(`variable "root" {}
+agent {
+  coordination {
+    etcd   = [%q]
+    prefix = "/agent/d"
+    lease  = "2s"
+    name   = "kpro6"
+    host_disruptions {
+      group = "gpu-hosts"
+    }
+  }
+}
+mark "a" {
+  path  = "${var.root}/a"
+  value = "1"
+  fail  = %v
+}
+`, cl.Endpoints()[0], fail)
+	}
+	var boot atomic.Value
+	boot.Store("boot-1")
+	tune := func(h *harness, c *Config) {
+		c.BootID = func() string { return boot.Load().(string) }
+		c.BackoffMin, c.BackoffMax = 200*time.Millisecond, time.Second
+	}
+
+	// The agent restarted before the reboot happened: the permit stays.
+	h := startTuned(t, plan(false), 500*time.Millisecond, tune)
+	waitFor(t, "the permit kept in the boot it rebooted from", func() bool { return strings.Contains(h.log.String(), "host permit kept") })
+	if p := held(); p == nil || p.State != coord.HostRebooting {
+		t.Fatalf("kpro6's permit in the same boot: %+v", p)
+	}
+	h.cancel()
+
+	// After the reboot, a resource failing: kept, kpro7 refused with kpro6 named.
+	boot.Store("boot-2")
+	h = startTuned(t, plan(true), 500*time.Millisecond, tune)
+	time.Sleep(3 * time.Second)
+	if p := held(); p == nil || p.State != coord.HostVerifying {
+		t.Fatalf("kpro6's permit while mark.a fails: %+v\n%s", p, h.log.String())
+	}
+	if _, err := kpro7.TakeHost(ctx, coord.HostRequest{Group: "gpu-hosts", Max: 1, Cause: "drain"}); err == nil || !strings.Contains(err.Error(), "kpro6 verifying since") {
+		t.Fatalf("kpro7 while kpro6 is not verified: %v", err)
+	}
+	// Fixed: verified, released.
+	h.write(t, plan(false))
+	waitFor(t, "the permit released once verified", func() bool { return held() == nil })
+	if !strings.Contains(h.log.String(), "host disruption over: driver and servers verified, host permit released") {
+		t.Errorf("the release is not logged:\n%s", h.log.String())
+	}
+	if _, err := kpro7.TakeHost(ctx, coord.HostRequest{Group: "gpu-hosts", Max: 1, Cause: "drain"}); err != nil {
+		t.Fatalf("kpro7 after kpro6's release: %v", err)
+	}
+}

@@ -1,0 +1,76 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// gateRecorder is a HostDisruption that records each call with the commands run before it.
+type gateRecorder struct {
+	mu     sync.Mutex
+	run    *fakeRunner
+	calls  []string
+	refuse error
+}
+
+func (g *gateRecorder) Begin(_ context.Context, cause, detail string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, fmt.Sprintf("begin %s (%s) after %q", cause, detail, g.run.ran()))
+	return g.refuse
+}
+
+func (g *gateRecorder) Rebooting(_ context.Context, cause, detail, bootID string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, fmt.Sprintf("rebooting %s from %s after %q", cause, bootID, g.run.ran()))
+	return g.refuse
+}
+
+// With coordination, a driver replace takes the host permit before it stops anything, and
+// the reboot is recorded in it before systemctl reboot; a refusal changes nothing.
+func TestDriverTakesTheHostPermitFirst(t *testing.T) {
+	t.Parallel()
+	run := &fakeRunner{}
+	h := driverHost(t, tree570, run)
+	gate := &gateRecorder{run: run}
+	h.HostDisruption = gate
+	in := serveInstaller(t, h.Root, false, 0)
+	e := driverEngine(t, h, in.plan(`  reboot = "allowed"
+`))
+	st := oneStep(t, e.Apply(context.Background(), nil))
+	if st.Err != nil {
+		t.Fatalf("apply: %v", st.Err)
+	}
+	want := []string{
+		`begin driver (driver 570.172.08 → 580.95.05) after []`,
+		`rebooting reboot from 5d1f2a3c-0000-4000-8000-000000000001 after ["installer"]`,
+	}
+	if len(gate.calls) != 2 || gate.calls[0] != want[0] || !strings.HasPrefix(gate.calls[1], "rebooting reboot from ") ||
+		!strings.HasSuffix(gate.calls[1], `after ["installer"]`) {
+		t.Fatalf("host permit calls %q, want %q", gate.calls, want)
+	}
+	if got := run.ran(); !slices.Equal(got, []string{"installer", "systemctl reboot"}) {
+		t.Fatalf("commands %q", got)
+	}
+
+	// Refused: the host group's permit is held elsewhere; nothing runs.
+	run2 := &fakeRunner{}
+	h2 := driverHost(t, tree570, run2)
+	refusal := errors.New("host group gpu-hosts: 1 of 1 host permits held: kpro6 rebooting since 10:04 (driver 570.172.08 → 580.95.05)")
+	h2.HostDisruption = &gateRecorder{run: run2, refuse: refusal}
+	e2 := driverEngine(t, h2, serveInstaller(t, h2.Root, false, 0).plan(`  reboot = "allowed"
+`))
+	st = oneStep(t, e2.Apply(context.Background(), nil))
+	if !errors.Is(st.Err, refusal) || !strings.Contains(st.Err.Error(), "kpro6 rebooting since") {
+		t.Fatalf("apply while the permit is held elsewhere: %v", st.Err)
+	}
+	if got := run2.ran(); len(got) != 0 {
+		t.Fatalf("commands %q run without the host permit", got)
+	}
+}
