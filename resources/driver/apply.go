@@ -325,7 +325,7 @@ func (d *Driver) beginDisruption(ctx context.Context, loaded string) error {
 
 // disruptionDetail is what a host permit says of this driver change.
 func (d *Driver) disruptionDetail(loaded string) string {
-	if loaded == "" {
+	if loaded == "" || loaded == d.version { // a fresh install, or a reboot for a GPU fault
 		return "driver " + d.version
 	}
 	return fmt.Sprintf("driver %s → %s", loaded, d.version)
