@@ -148,24 +148,23 @@ func readSpans(ctx context.Context, fds []*os.File, spans []span, o Options, nee
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The idle class is set on this thread only, and the thread ends with the
-			// goroutine (locked, never unlocked): no other goroutine inherits it.
-			runtime.LockOSThread()
-			if SetIdleIO() != nil {
-				idleAll.Store(false)
-			}
 			buf := make([]byte, min(block, 1<<30))
 			add := func(n int64) {
 				if t := total.Add(n); o.Progress != nil {
 					o.Progress(t, need)
 				}
 			}
-			for sp := range work {
-				err := readSpan(ctx, fds[sp.file], sp, buf, add)
-				if err != nil && errs[r] == nil {
-					errs[r] = err
-					cancel()
+			idle := onIdleThread(func() {
+				for sp := range work {
+					err := readSpan(ctx, fds[sp.file], sp, buf, add)
+					if err != nil && errs[r] == nil {
+						errs[r] = err
+						cancel()
+					}
 				}
+			})
+			if !idle {
+				idleAll.Store(false)
 			}
 		}()
 	}
@@ -199,6 +198,44 @@ func readSpan(ctx context.Context, f *os.File, sp span, buf []byte, add func(int
 			}
 			return nil
 		}
+	}
+	return nil
+}
+
+// onIdleThread runs fn on a thread of its own in the idle I/O scheduling class, and
+// reports whether the class was set. The thread's own class is put back before it is
+// released to other goroutines; only when that fails is it left locked, so that it ends
+// with the goroutine. Ending a thread is not free: a child forked from it with a parent
+// death signal (the test harnesses' incusd and etcd) gets that signal when it ends, and
+// incusd shut down under the tests of other packages when the readers' threads ended.
+func onIdleThread(fn func()) (idle bool) {
+	runtime.LockOSThread()
+	was, getErr := ioPriority()
+	idle = SetIdleIO() == nil
+	fn()
+	if !idle {
+		runtime.UnlockOSThread()
+		return false
+	}
+	if getErr == nil && setIOPriority(was) == nil {
+		runtime.UnlockOSThread()
+	}
+	return true
+}
+
+// ioPriority is the calling thread's raw I/O priority (class and level).
+func ioPriority() (int, error) {
+	r, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, 0, 0)
+	if e != 0 {
+		return 0, fmt.Errorf("ioprio_get: %w", e)
+	}
+	return int(r), nil
+}
+
+// setIOPriority sets the calling thread's raw I/O priority.
+func setIOPriority(prio int) error {
+	if _, _, e := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, 0, uintptr(prio)); e != 0 {
+		return fmt.Errorf("ioprio_set: %w", e)
 	}
 	return nil
 }

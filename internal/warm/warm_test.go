@@ -3,13 +3,17 @@ package warm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -204,5 +208,52 @@ func TestWeightFiles(t *testing.T) {
 	slices.Sort(want)
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("weight files (-want +got):\n%s", d)
+	}
+}
+
+// TestReaderThreadOutlivesItsWork: a reader's thread goes back to the runtime with its
+// I/O class put back, never ended. A child forked from it with a parent death signal (as
+// the test harnesses start incusd) lives on after the reader is done; when the threads
+// ended with their readers, such an incusd shut down under unrelated tests.
+func TestReaderThreadOutlivesItsWork(t *testing.T) {
+	var child *exec.Cmd
+	started := make(chan error, 1)
+	go func() {
+		// Off the main thread: the runtime never ends that one (it parks it instead).
+		runtime.LockOSThread()
+		for try := 0; syscall.Gettid() == os.Getpid(); try++ {
+			runtime.UnlockOSThread()
+			if try == 1000 {
+				started <- errors.New("this goroutine never ran off the main thread")
+				return
+			}
+			time.Sleep(time.Millisecond)
+			runtime.LockOSThread()
+		}
+		defer runtime.UnlockOSThread()
+		idle := onIdleThread(func() {
+			if c, err := IOClass(); err != nil || c != ioprioClassIdle {
+				started <- fmt.Errorf("inside: class %d (%v), want idle", c, err)
+				return
+			}
+			child = exec.Command("sleep", "30")
+			child.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			started <- child.Start()
+		})
+		if !idle {
+			t.Error("the idle class was not set")
+		}
+	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = child.Wait(); close(exited) }()
+	t.Cleanup(func() { child.Process.Kill(); <-exited })
+	select {
+	case <-exited:
+		t.Fatalf("the child of a reader's thread ended with the reader (%v): the thread was ended", waitErr)
+	case <-time.After(time.Second):
 	}
 }
