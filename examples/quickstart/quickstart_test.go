@@ -6,7 +6,6 @@ package quickstart_test
 
 import (
 	"encoding/json"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,12 +20,7 @@ import (
 
 func TestQuickstart(t *testing.T) {
 	root := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := testbin.FreePort(t)
 	cmd := exec.Command("sh", "run.sh")
 	cmd.Env = append(os.Environ(), "QUICKSTART_ROOT="+root, "QUICKSTART_PORT="+strconv.Itoa(port))
 	out, err := cmd.CombinedOutput()

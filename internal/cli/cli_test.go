@@ -2,7 +2,6 @@ package cli
 
 import (
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -52,12 +51,11 @@ func TestScripts(t *testing.T) {
 			env.Setenv("MODEL_URL", model.URL)
 			// $PORT and $PORT2 are ports free when the script starts, for servers of its own.
 			for _, name := range []string{"PORT", "PORT2"} {
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				p, err := testbin.Port()
 				if err != nil {
 					return err
 				}
-				defer ln.Close()
-				env.Setenv(name, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+				env.Setenv(name, strconv.Itoa(p))
 			}
 			return nil
 		},

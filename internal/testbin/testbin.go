@@ -14,6 +14,7 @@ package testbin
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -149,15 +150,70 @@ func sweep() {
 	}
 }
 
-// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
+// FreePort returns a TCP port free on 127.0.0.1 at the time of the call, taken below the
+// kernel's ephemeral range and never twice in one test binary. Not from bind(":0"): that
+// port lies in the ephemeral range, where any outgoing connection (a probe, a download)
+// may take it as its local port before the test's process listens on it, and the listen
+// then fails with "address already in use" (TestChaosRun's agent lost its metrics
+// listener so, once in a loaded suite).
 func FreePort(tb testing.TB) int {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := Port()
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return p
+}
+
+// Port is FreePort for callers without a testing.TB (a testscript's Setup).
+func Port() (int, error) {
+	lo, hi := 15000, ephemeralLow()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	if hi-lo > 1000 {
+		for range 200 {
+			p := lo + rand.IntN(hi-lo)
+			if portsGiven[p] {
+				continue
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+			if err != nil {
+				continue
+			}
+			ln.Close()
+			portsGiven[p] = true
+			return p, nil
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// ephemeralLow is the lowest port the kernel hands to outgoing connections (32768 when
+// it cannot be read, Linux's default).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return lo
 }
 
 // Servers returns the server processes that agents started for one test, mapped to

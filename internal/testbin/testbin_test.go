@@ -178,3 +178,26 @@ func TestWatchHealthKeepsThePeak(t *testing.T) {
 		t.Errorf("PeakAt = %q", r.PeakAt())
 	}
 }
+
+// TestFreePortStaysOutOfTheEphemeralRange: a port handed to a test is one no outgoing
+// connection can hold already (below the kernel's ephemeral range), listenable, and never
+// handed out twice by one test binary.
+func TestFreePortStaysOutOfTheEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	seen := map[int]bool{}
+	for range 50 {
+		p := FreePort(t)
+		if p >= low {
+			t.Fatalf("port %d lies in the ephemeral range (from %d)", p, low)
+		}
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", p, err)
+		}
+		ln.Close()
+	}
+}
