@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -256,5 +257,39 @@ func TestRolloutFleetWithoutEtcd(t *testing.T) {
 	}
 	if _, ok := etcd.permits["h-b/member.b"]; ok {
 		t.Errorf("the repaired member is still counted: %v", etcd.permits)
+	}
+}
+
+// A member proven down (gone, unhealthy past its grace, wedged, its GPU faulted) is
+// repaired at once while the fleet has no permit free: it asks etcd for none and is
+// counted as down meanwhile. A healthy member of the same host waits, naming the holder.
+func TestRolloutFleetRepairsDownMembersAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, why := range []Reason{ReasonGone, ReasonUnhealthy, ReasonWedged, ReasonGPUFault} {
+		t.Run(string(why), func(t *testing.T) {
+			t.Parallel()
+			f, etcd := newFleet(), newFakeEtcd()
+			f.values["member.a"], f.values["member.b"] = "v2", "v1"
+			f.down["member.a"], f.why["member.a"] = true, why
+			etcd.permits["h-z/member.z"] = "restart not verified yet" // the group's one permit
+			a, b := fleetHost(t, f, etcd, "a", "v2"), fleetHost(t, f, etcd, "b", "v2")
+			for _, e := range []*Engine{a, b} {
+				if err := e.Prepare(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if st := a.Reconcile(ctx, "member.a"); st.Err != nil || !st.Applied {
+				t.Fatalf("the %s member's repair: applied %v, %v; want repaired at once", why, st.Applied, st.Err)
+			}
+			if slices.Contains(etcd.takes, "h-a/member.a") {
+				t.Errorf("the repair asked etcd for a permit: %v", etcd.takes)
+			}
+			st := b.Reconcile(ctx, "member.b")
+			if !IsRolloutWait(st.Err) || !strings.Contains(st.Err.Error(), "h-z/member.z (restart not verified yet)") {
+				t.Fatalf("the healthy member's change: %v, want a wait naming the holder", st.Err)
+			}
+		})
 	}
 }

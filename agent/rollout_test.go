@@ -24,15 +24,16 @@ type fleet struct {
 	mu      sync.Mutex
 	values  map[string]string
 	down    map[string]bool
-	fail    map[string]bool // Apply fails, leaving the member down
-	done    map[string]bool // Apply returned (for wait resources)
-	started []string        // members in the order their Apply started
+	fail    map[string]bool   // Apply fails, leaving the member down
+	why     map[string]Reason // why a down member is down (ReasonGone when unset)
+	done    map[string]bool   // Apply returned (for wait resources)
+	started []string          // members in the order their Apply started
 	peak    int
 	changed chan struct{}
 }
 
 func newFleet() *fleet {
-	return &fleet{values: map[string]string{}, down: map[string]bool{}, fail: map[string]bool{}, done: map[string]bool{}, changed: make(chan struct{})}
+	return &fleet{values: map[string]string{}, down: map[string]bool{}, fail: map[string]bool{}, why: map[string]Reason{}, done: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // unavailable counts the members down (under f.mu) and keeps the peak.
@@ -66,7 +67,11 @@ func (m *member) Check(ctx context.Context, env *Env) (*Diff, error) {
 	case !ok:
 		return (&Diff{}).Add(Added("value", m.cfg.Value).Because(Creates, ReasonMissing)), nil
 	case m.f.down[m.addr]:
-		return (&Diff{}).Add(Set("process", Raw("gone"), Raw("a new generation")).Because(Restarts, ReasonGone)), nil
+		why := m.f.why[m.addr]
+		if why == "" {
+			why = ReasonGone
+		}
+		return (&Diff{}).Add(Set("process", Raw(string(why)), Raw("a new generation")).Because(Restarts, why)), nil
 	case v != m.cfg.Value:
 		return (&Diff{}).Add(Set("value", v, m.cfg.Value).Because(Restarts, ReasonIdentity)), nil
 	}
