@@ -92,7 +92,7 @@ func (e *Engine) findOrphans() error {
 			e.resources[addr] = kept{fmt.Sprintf("no longer in the plan; the agent never removes a %s: left as it is (delete %s to forget it)",
 				typ, e.store.Dir()+"/resources/"+addr+".json")}
 		default:
-			r, err := k.Orphan(addr, e.store.For(addr))
+			r, err := k.Orphan(addr, e.store.For(addr), &e.plan.Agent)
 			if err != nil {
 				e.resources[addr] = broken{fmt.Errorf("%s: no longer in the plan, and its record cannot be read to delete it: %w", addr, err)}
 			} else if r == nil {

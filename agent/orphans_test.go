@@ -84,7 +84,7 @@ func recKinds(log *deleteLog) []Kind {
 		}
 		return res, nil
 	})
-	k.Orphan = func(addr string, st *state.Scoped) (Resource, error) {
+	k.Orphan = func(addr string, st *state.Scoped, _ *plans.AgentSettings) (Resource, error) {
 		return &recRes{addr: addr, absent: true, why: ReasonOrphan, deletes: log}, nil
 	}
 	k.Guarded = true

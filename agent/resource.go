@@ -78,7 +78,8 @@ type Kind struct {
 	// nil Resource with a nil error means nothing is left to delete (a record of
 	// something already removed), and the address is not shown. Kinds without Orphan
 	// are never deleted by the agent (an nvidia_driver); their orphans are reported.
-	Orphan func(addr string, st *state.Scoped) (Resource, error)
+	// The plan's agent block comes with it, as a bound resource has it (plans.Resource.Agent).
+	Orphan func(addr string, st *state.Scoped, agentBlock *plans.AgentSettings) (Resource, error)
 	// Guarded kinds serve (server): an apply that would delete every one of them that the
 	// agent manages, and keep none, needs Options.AllowDeleteAll, so that a plan emptied
 	// by a missing var file cannot take a host's serving down.

@@ -33,7 +33,7 @@ func (l *loader) collectResources(blocks []*hcl.Block) {
 		meta, remain, diags := b.Body.PartialContent(metaSchema)
 		l.diags = append(l.diags, diags...)
 		rb := &resourceBlock{
-			res:  &Resource{Type: b.Type, Name: name, Addr: addr, Body: remain, DeclRange: b.DefRange, Sensitive: map[string]bool{}},
+			res:  &Resource{Type: b.Type, Name: name, Addr: addr, Body: remain, DeclRange: b.DefRange, Sensitive: map[string]bool{}, Agent: &l.plan.Agent},
 			body: remain,
 			refs: bodyTraversals(remain),
 		}

@@ -116,6 +116,9 @@ type Resource struct {
 	// elements that derive from one are sensitive (`env["HF_TOKEN"]`, see KeyPath and
 	// SensitiveKey) unless the whole map does (env = var.secret_env).
 	Sensitive map[string]bool
+	// Agent is the plan's agent block, for what a kind takes from it at bind (the Incus
+	// socket); nil for a resource built without a plan.
+	Agent *AgentSettings
 	// Value is the resource as other blocks see it through references: its top-level
 	// attributes, plus name = the label unless the body sets one.
 	Value cty.Value

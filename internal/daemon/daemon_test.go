@@ -61,7 +61,7 @@ func (m timedMark) Timeout() time.Duration { return m.t }
 
 func bindMark(h *harness) agent.Kind {
 	k := markKind(h)
-	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) {
+	k.Orphan = func(addr string, st *state.Scoped, _ *plans.AgentSettings) (agent.Resource, error) {
 		var rec map[string]string
 		if has, err := st.Load(&rec); err != nil || !has {
 			return nil, err

@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -27,7 +26,7 @@ func bindContainer(r *plans.Resource, c *ContainerConfig) (*Container, hcl.Diagn
 		profiles: []string{"default"}, config: map[string]string{}, secretConf: func(key string) bool { return r.SensitiveKey("config", key) },
 		devices: map[string]map[string]string{}, deviceKind: map[string]string{},
 		description: c.Description, target: resources.Deref(c.Target), userspace: resources.Deref(c.NvidiaUserspace),
-		running: true, stopTimeout: 30 * time.Second, clients: new(sync.Map),
+		running: true, stopTimeout: 30 * time.Second, incus: resources.NewIncus(r.Agent),
 	}
 	k.bindInstance(b, c)
 	k.bindConfig(b, c)

@@ -6,7 +6,6 @@ package container
 import (
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -110,9 +109,9 @@ type Container struct {
 	stopTimeout  time.Duration
 	secretConf   func(key string) bool // config[key] derives from a sensitive variable: never shown
 
-	host    resources.Machine
-	clients *sync.Map // Incus socket path → *incus.Client, shared by its views (liveView)
-	base    string    // the plan's instance name, when name is its migration pair (container_migrate.go)
+	host  resources.Machine
+	incus resources.Incus // the plan's Incus socket and its clients, shared by its views (liveView)
+	base  string          // the plan's instance name, when name is its migration pair (container_migrate.go)
 
 	resources.Deletion // ensure = "absent", agent destroy, an orphan: container_delete.go
 }
@@ -141,7 +140,9 @@ func ContainerKind(h resources.Machine) agent.Kind {
 		}
 		return res, diags
 	})
-	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) { return orphanContainer(h, addr, st) }
+	k.Orphan = func(addr string, st *state.Scoped, a *plans.AgentSettings) (agent.Resource, error) {
+		return orphanContainer(h, addr, st, a)
+	}
 	return k
 }
 
@@ -244,16 +245,7 @@ type containerDetail struct {
 
 // client returns the Incus client for the plan's socket.
 func (k *Container) client(env *agent.Env) *incus.Client {
-	explicit := ""
-	if env != nil && env.Plan != nil {
-		explicit = env.Plan.Agent.IncusSocket
-	}
-	sock := incus.SocketPath(explicit)
-	if c, ok := k.clients.Load(sock); ok {
-		return c.(*incus.Client)
-	}
-	c, _ := k.clients.LoadOrStore(sock, incus.New(sock))
-	return c.(*incus.Client)
+	return k.incus.Client()
 }
 
 // Timeout gives a container that installs the NVIDIA userspace driver the driver's own

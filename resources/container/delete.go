@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -26,7 +25,7 @@ var _ agent.Ensurer = (*Container)(nil)
 
 // AsAbsent is the container as agent destroy deletes it.
 func (k *Container) AsAbsent() agent.Resource {
-	return &Container{addr: k.addr, name: k.name, host: k.host, stopTimeout: k.stopTimeout, clients: new(sync.Map),
+	return &Container{addr: k.addr, name: k.name, host: k.host, stopTimeout: k.stopTimeout, incus: k.incus,
 		Deletion: resources.Deletion{Delete: true, Why: agent.ReasonDestroy}}
 }
 
@@ -45,7 +44,7 @@ func (k *Container) bindEnsure(r *plans.Resource, ensure *string) hcl.Diagnostic
 // orphanContainer deletes, from its record alone, the instance a container block that
 // left the plan created: only that instance (its name and volatile.uuid), never another
 // one that took its name since.
-func orphanContainer(h resources.Machine, addr string, st *state.Scoped) (agent.Resource, error) {
+func orphanContainer(h resources.Machine, addr string, st *state.Scoped, a *plans.AgentSettings) (agent.Resource, error) {
 	var rec Record
 	has, err := st.Load(&rec)
 	if err != nil || !has {
@@ -54,7 +53,7 @@ func orphanContainer(h resources.Machine, addr string, st *state.Scoped) (agent.
 	if rec.Instance == "" {
 		return resources.LeftAlone{Why: fmt.Sprintf("no longer in the plan, but its record (written by an older agent) does not name its instance: left alone; delete the instance yourself (incus delete), then %s.json in the state directory's resources/", addr)}, nil
 	}
-	return &Container{addr: addr, name: rec.Instance, host: h, stopTimeout: 30 * time.Second, clients: new(sync.Map),
+	return &Container{addr: addr, name: rec.Instance, host: h, stopTimeout: 30 * time.Second, incus: resources.NewIncus(a),
 		Deletion: resources.Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}, nil
 }
 

@@ -47,7 +47,7 @@ func (d *Download) bindEnsure(r *plans.Resource, ensure *string) hcl.Diagnostics
 // orphanDownload deletes, from its record alone, what a download block that left the
 // plan placed. A record without dest (an older agent's) cannot say where: nothing is
 // deleted, and the step says so.
-func orphanDownload(addr string, st *state.Scoped) (agent.Resource, error) {
+func orphanDownload(addr string, st *state.Scoped, _ *plans.AgentSettings) (agent.Resource, error) {
 	var rec downloadRecord
 	has, err := st.Load(&rec)
 	if err != nil || !has {

@@ -22,7 +22,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 		return nil // recorded by the engine, from the diff: nothing on the host changes
 	}
 	s = s.liveView(env)
-	lc, err := s.lifecycle(ctx, env)
+	lc, err := s.lifecycle(ctx)
 	if err != nil {
 		return err // before anything is stopped
 	}
@@ -95,7 +95,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 // foreign port holder when takeover = true.
 func (s *Server) stopInTheWay(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle, det *serverDetail) error {
 	if det.stop && det.prev != nil {
-		plc, err := s.lifecycleAt(ctx, env, det.prev.Place)
+		plc, err := s.lifecycleAt(ctx, det.prev.Place)
 		if det.prev.Place == "" || det.prev.Place == s.place {
 			plc, err = lc, nil
 		}

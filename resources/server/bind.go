@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/hashicorp/hcl/v2"
@@ -29,7 +28,7 @@ var signals = map[string]syscall.Signal{
 func bindServer(h resources.Machine, r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
 	b := &resources.Binder{R: r}
 	s := &Server{
-		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env, clients: new(sync.Map),
+		addr: r.Addr, name: r.Name, host: h, command: c.Command, args: c.Args, env: c.Env, incus: resources.NewIncus(r.Agent),
 		workdir: defaultWorkdir, user: resources.Deref(c.User), takeover: resources.Deref(c.Takeover),
 		logDir: DefaultServerLogDir, keepLogs: DefaultKeepLogs, grace: DefaultUnhealthyGrace,
 		ready:      lifecycle.Ready{Timeout: DefaultReadyTimeout, Settle: DefaultSettle},

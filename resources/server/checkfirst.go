@@ -33,7 +33,7 @@ func (s *Server) checkBeforeBreak(ctx context.Context, env *agent.Env, lc *lifec
 	}
 	running := false
 	if det.stop && det.prev != nil {
-		alive, aerr := s.recordProcs(ctx, env, det.prev).Alive(ctx, det.prev.id())
+		alive, aerr := s.recordProcs(ctx, det.prev).Alive(ctx, det.prev.id())
 		running = aerr == nil && alive
 	}
 	spec := lifecycle.Spec{Argv: s.argv(), Env: s.env, Workdir: s.workdir, User: s.user}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -21,7 +20,7 @@ var _ agent.Ensurer = (*Server)(nil)
 
 // AsAbsent is the server as agent destroy deletes it.
 func (s *Server) AsAbsent() agent.Resource {
-	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port, clients: new(sync.Map),
+	return &Server{addr: s.addr, name: s.name, host: s.host, container: s.container, place: s.place, port: s.port, incus: s.incus,
 		stopSignal: s.stopSignal, stopTimeout: s.stopTimeout, ready: lifecycle.Ready{Timeout: time.Second}, logDir: s.logDir,
 		Deletion: resources.Deletion{Delete: true, Why: agent.ReasonDestroy}}
 }
@@ -39,7 +38,7 @@ func (s *Server) bindEnsure(r *plans.Resource, ensure *string, bad func(hcl.Rang
 // orphanServer is the deleter of a server whose block left the plan, from its record
 // alone: where it runs, its process, its port, and the stop block it was launched with.
 // A record already stopped for good has nothing left to delete (nil).
-func orphanServer(h resources.Machine, addr string, st *state.Scoped) (agent.Resource, error) {
+func orphanServer(h resources.Machine, addr string, st *state.Scoped, a *plans.AgentSettings) (agent.Resource, error) {
 	var rec serverRecord
 	has, err := st.Load(&rec)
 	if err != nil {
@@ -49,7 +48,7 @@ func orphanServer(h resources.Machine, addr string, st *state.Scoped) (agent.Res
 		return nil, nil
 	}
 	_, name, _ := strings.Cut(addr, ".")
-	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port, clients: new(sync.Map),
+	s := &Server{addr: addr, name: name, host: h, place: rec.Place, port: rec.Port, incus: resources.NewIncus(a),
 		stopSignal: syscall.SIGTERM, stopTimeout: DefaultStopTimeout, ready: lifecycle.Ready{Timeout: time.Second},
 		Deletion: resources.Deletion{Delete: true, Why: agent.ReasonOrphan, Orphan: true}}
 	if c, ok := strings.CutPrefix(rec.Place, lifecycle.IncusPlace("")); ok {
@@ -75,7 +74,7 @@ func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (d *agent.Diff
 	}
 	if has && rec.Pending != nil {
 		var found *agent.RecordUpdate
-		if has, found, err = s.recoverPending(env, &rec); err != nil {
+		if has, found, err = s.recoverPending(&rec); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -87,7 +86,7 @@ func (s *Server) checkAbsent(ctx context.Context, env *agent.Env) (d *agent.Diff
 	if !has || !rec.StoppedAt.IsZero() {
 		return agent.NoChange(), nil
 	}
-	alive, err := s.recordProcs(ctx, env, &rec).Alive(ctx, rec.id())
+	alive, err := s.recordProcs(ctx, &rec).Alive(ctx, rec.id())
 	if err != nil {
 		return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 	}
@@ -122,7 +121,7 @@ func (s *Server) applyAbsent(ctx context.Context, env *agent.Env, det *serverDet
 			return err
 		}
 	}
-	lc, err := s.lifecycleAt(ctx, env, rec.Place)
+	lc, err := s.lifecycleAt(ctx, rec.Place)
 	if err != nil {
 		return err
 	}
@@ -149,7 +148,7 @@ func (s *Server) absentStatus(ctx context.Context, env *agent.Env, has bool, rec
 		st.Summary = "absent: nothing recorded, nothing launched by this agent"
 		return st, nil
 	case rec.StoppedAt.IsZero():
-		alive, err := s.recordProcs(ctx, env, rec).Alive(ctx, rec.id())
+		alive, err := s.recordProcs(ctx, rec).Alive(ctx, rec.id())
 		if err != nil {
 			return nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}

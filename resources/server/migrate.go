@@ -104,7 +104,7 @@ func (s *Server) stopRetiring(ctx context.Context, env *agent.Env, r *serverReco
 	if r.PID <= 0 {
 		return nil
 	}
-	lc, err := s.liveView(env).lifecycleAt(ctx, env, r.Place)
+	lc, err := s.liveView(env).lifecycleAt(ctx, r.Place)
 	if err != nil {
 		return err
 	}

@@ -95,18 +95,18 @@ func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observa
 		return nil, nil, err
 	}
 	if has && rec.Pending != nil {
-		if has, o.found, err = s.recoverPending(env, rec); err != nil {
+		if has, o.found, err = s.recoverPending(rec); err != nil {
 			return nil, nil, err
 		}
 	}
 	o.has = has
 	// PIDs and start times in the namespace the record names (place.go).
 	if has {
-		if o.alive, err = s.recordProcs(ctx, env, rec).Alive(ctx, rec.id()); err != nil {
+		if o.alive, err = s.recordProcs(ctx, rec).Alive(ctx, rec.id()); err != nil {
 			return nil, nil, fmt.Errorf("observe pid %d: %w", rec.PID, err)
 		}
 	}
-	lc, err := s.lifecycle(ctx, env)
+	lc, err := s.lifecycle(ctx)
 	if errors.Is(err, errNoInstance) {
 		o.missing, err = err, nil
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agent-dev/agent/agent"
@@ -24,18 +23,8 @@ import (
 // incusRunner is the Incus runner of the instance name, through the plan's Incus
 // socket (one client per socket, shared by runs). Machine.IncusRemote makes it work
 // through the Incus API only, as for an instance on another member.
-func (s *Server) incusRunner(env *agent.Env, name string) *lifecycle.Incus {
-	explicit := ""
-	if env != nil && env.Plan != nil {
-		explicit = env.Plan.Agent.IncusSocket
-	}
-	sock := incus.SocketPath(explicit)
-	clients := s.clients
-	if clients == nil { // a Server built by hand (tests): no cache
-		clients = new(sync.Map)
-	}
-	cached, _ := clients.LoadOrStore(sock, incus.New(sock))
-	return &lifecycle.Incus{Client: cached.(*incus.Client), Instance: name, Proc: s.host.Proc, Remote: s.host.IncusRemote}
+func (s *Server) incusRunner(name string) *lifecycle.Incus {
+	return &lifecycle.Incus{Client: s.incus.Client(), Instance: name, Proc: s.host.Proc, Remote: s.host.IncusRemote}
 }
 
 // recordProcs observes rec's processes in the PID namespace the record names: this
@@ -43,12 +32,12 @@ func (s *Server) incusRunner(env *agent.Env, name string) *lifecycle.Incus {
 // is one, and reads as it always did); inside rec's container, through Incus, for a
 // PID of a container on another member, where a container that restarted since holds
 // nothing of it.
-func (s *Server) recordProcs(ctx context.Context, env *agent.Env, rec *serverRecord) lifecycle.Procs {
+func (s *Server) recordProcs(ctx context.Context, rec *serverRecord) lifecycle.Procs {
 	name, ok := cutIncusPlace(rec.Place)
 	if rec.PIDNS == "" || !ok {
 		return lifecycle.HostProcs(s.host.Proc)
 	}
-	return s.incusRunner(env, name).ProcsIn(ctx, rec.PIDNS)
+	return s.incusRunner(name).ProcsIn(ctx, rec.PIDNS)
 }
 
 // memberDown returns the member and the cluster's word on it (the container kind's
@@ -64,7 +53,7 @@ func (s *Server) memberDown(ctx context.Context, env *agent.Env, places ...strin
 		if !ok || slices.Contains(places[:i], place) {
 			continue
 		}
-		if member, err := resources.DownMember(ctx, env.Memory, s.incusRunner(env, name).Client, name); err != nil {
+		if member, err := resources.DownMember(ctx, env.Memory, s.incusRunner(name).Client, name); err != nil {
 			return member, err
 		}
 	}
@@ -81,7 +70,7 @@ func cutIncusPlace(place string) (string, bool) {
 // reaches through Incus only: the marked session leader is looked for inside, and
 // recorded in the container's namespace. It reports whether it settled the pending
 // launch (false: the container is local, look on the host), with the record update.
-func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+func (s *Server) recoverPendingRemote(rec *serverRecord) (bool, *agent.RecordUpdate, error) {
 	p := *rec.Pending
 	name, ok := cutIncusPlace(p.Place)
 	if !ok {
@@ -89,7 +78,7 @@ func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := s.incusRunner(env, name)
+	r := s.incusRunner(name)
 	remote, err := r.IsRemote(ctx)
 	if incus.IsNotFound(err) || (err == nil && !remote) {
 		return false, nil, nil
@@ -116,20 +105,20 @@ func (s *Server) recoverPendingRemote(env *agent.Env, rec *serverRecord) (bool, 
 
 // lifecycle is the lifecycle of the server's place: the host, or its container (which
 // must exist and run; errNoInstance when it does not exist).
-func (s *Server) lifecycle(ctx context.Context, env *agent.Env) (*lifecycle.Lifecycle, error) {
-	return s.lifecycleAt(ctx, env, s.place)
+func (s *Server) lifecycle(ctx context.Context) (*lifecycle.Lifecycle, error) {
+	return s.lifecycleAt(ctx, s.place)
 }
 
 // lifecycleAt is the lifecycle of place, "host" or "container NAME": a recorded launch
 // is stopped where it runs, also when the plan moved the server. The server's own
 // place gets its endpoint; another place is only observed and stopped.
-func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) (*lifecycle.Lifecycle, error) {
+func (s *Server) lifecycleAt(ctx context.Context, place string) (*lifecycle.Lifecycle, error) {
 	h := s.host.WithDefaults()
 	name, inContainer := strings.CutPrefix(place, lifecycle.IncusPlace(""))
 	if !inContainer {
 		return &lifecycle.Lifecycle{Place: lifecycle.Local{Proc: h.Proc}, GPU: h.GPU}, nil
 	}
-	r := s.incusRunner(env, name)
+	r := s.incusRunner(name)
 	c := r.Client
 	lc := &lifecycle.Lifecycle{Place: r, GPU: h.GPU}
 	if place != s.place || s.Delete {
@@ -167,9 +156,9 @@ func (s *Server) lifecycleAt(ctx context.Context, env *agent.Env, place string) 
 // lifecycle starts every server as one) becomes the record, as launched; with none,
 // the intent is void. It returns whether a record remains, and the record update that
 // says so (the engine keeps it: an observation writes nothing).
-func (s *Server) recoverPending(env *agent.Env, rec *serverRecord) (bool, *agent.RecordUpdate, error) {
+func (s *Server) recoverPending(rec *serverRecord) (bool, *agent.RecordUpdate, error) {
 	p := *rec.Pending
-	if settled, found, err := s.recoverPendingRemote(env, rec); settled || err != nil {
+	if settled, found, err := s.recoverPendingRemote(rec); settled || err != nil {
 		return rec.PID > 0, found, err
 	}
 	all, err := s.host.Proc.All()

@@ -6,7 +6,6 @@ package server
 
 import (
 	"slices"
-	"sync"
 	"syscall"
 	"time"
 
@@ -100,10 +99,10 @@ const (
 type Server struct {
 	addr, name         string
 	host               resources.Machine
-	container          string    // the Incus instance it runs in; "" on the host
-	place              string    // "host" or "container NAME": part of the identity
-	retiringPlace      string    // in a view (liveView): the place of the instance a migration retires
-	clients            *sync.Map // Incus socket path → *incus.Client, shared by runs and views
+	container          string          // the Incus instance it runs in; "" on the host
+	place              string          // "host" or "container NAME": part of the identity
+	retiringPlace      string          // in a view (liveView): the place of the instance a migration retires
+	incus              resources.Incus // the plan's Incus socket and its clients, shared by runs and views
 	command            []string
 	flags              []serverFlag
 	args               []string
@@ -148,7 +147,9 @@ func ServerKind(h resources.Machine) agent.Kind {
 	k := agent.NewKind("server", func(r *plans.Resource, c *ServerConfig) (agent.Resource, hcl.Diagnostics) {
 		return bindServer(h, r, c)
 	})
-	k.Orphan = func(addr string, st *state.Scoped) (agent.Resource, error) { return orphanServer(h, addr, st) }
+	k.Orphan = func(addr string, st *state.Scoped, a *plans.AgentSettings) (agent.Resource, error) {
+		return orphanServer(h, addr, st, a)
+	}
 	k.Guarded = true
 	return k
 }

@@ -32,13 +32,13 @@ func (s *Server) Status(ctx context.Context, env *agent.Env) (*agent.Status, err
 		return &agent.Status{Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err),
 			Fields: []agent.Field{agent.TextField(agent.MemberField, "member", member)}}, nil
 	}
-	lc, err := s.lifecycle(ctx, env)
+	lc, err := s.lifecycle(ctx)
 	if err != nil && !errors.Is(err, errNoEndpoint) {
 		return &agent.Status{Healthy: false, Summary: fmt.Sprintf("generation %d (pid %d) cannot be observed: %v", rec.Generation, rec.PID, err)}, nil
 	}
 	procs := lc.ProcsIn(ctx, rec.PIDNS)
 	if rec.Place != s.place {
-		procs = s.recordProcs(ctx, env, &rec)
+		procs = s.recordProcs(ctx, &rec)
 	}
 	// Metrics are the numbers agent run exports as agent_server_<key>{resource="server.<name>", kind="server"}.
 	st := &agent.Status{Healthy: true, Metrics: map[string]float64{

@@ -15,7 +15,7 @@ func (s *Server) unlaunchedStatus(ctx context.Context, env *agent.Env) *agent.St
 	if s.port == 0 {
 		return st
 	}
-	lc, err := s.lifecycle(ctx, env)
+	lc, err := s.lifecycle(ctx)
 	if err != nil || lc == nil {
 		return st
 	}

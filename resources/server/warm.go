@@ -242,7 +242,7 @@ func (s *Server) warmBeforeStop(ctx context.Context, env *agent.Env, lc *lifecyc
 		return nil
 	}
 	det := d.Detail.(*serverDetail)
-	if alive, err := s.recordProcs(ctx, env, det.prev).Alive(ctx, det.prev.id()); err != nil || !alive {
+	if alive, err := s.recordProcs(ctx, det.prev).Alive(ctx, det.prev.id()); err != nil || !alive {
 		return nil
 	}
 	return s.warmUp(ctx, env, lc, true)

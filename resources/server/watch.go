@@ -53,7 +53,7 @@ func (s *Server) watchServer(ctx context.Context, env *agent.Env) error {
 	if s.port <= 0 || !rec.UnreadySince.IsZero() || rec.Place != s.place || !rec.verified() {
 		return s.watchRecord(ctx, env, &rec)
 	}
-	lc, err := s.lifecycle(ctx, env)
+	lc, err := s.lifecycle(ctx)
 	if err != nil {
 		return s.watchRecord(ctx, env, &rec)
 	}
@@ -184,7 +184,7 @@ func (s *Server) watchRecord(ctx context.Context, env *agent.Env, rec *serverRec
 	}
 	// The member holding the instance is watched too: one whose incusd hangs answers
 	// no look inside, and the process would read as alive until the next resync.
-	r := s.incusRunner(env, name)
+	r := s.incusRunner(name)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	exited, down := make(chan error, 1), make(chan error, 1)
