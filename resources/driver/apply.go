@@ -117,7 +117,10 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 	for _, c := range causes {
 		if _, r := d.rebootVerdict(c, o, rec); r {
 			reboot = true
-			rec.RebootRequested = &rebootNote{Cause: c.key, Reason: c.reason, BootID: o.BootID, At: now()}
+			if r := rec.RebootRequested; r != nil && r.BootID == o.BootID {
+				env.Log.Warn("the reboot an earlier agent asked for did not happen: asking again", "asked", agent.HumanTime(r.At))
+			}
+			rec.RebootRequested = &rebootNote{Cause: c.key, Reason: c.reason, BootID: o.BootID, At: now(), Agent: d.host.AgentStart}
 			break
 		}
 	}
