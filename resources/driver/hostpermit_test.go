@@ -119,6 +119,12 @@ func TestRestartedAgentAsksForTheMissedReboot(t *testing.T) {
 	if st.Diff.Action == agent.NoOp {
 		t.Fatalf("a restarted agent in the same boot plans no reboot: %+v", st.Diff)
 	}
+	// Its first try finds no etcd lease yet: nothing is recorded, the next try asks.
+	gate.refuse = errors.New("no live etcd lease")
+	if st = oneStep(t, second.Apply(ctx, nil)); st.Err == nil || len(run.ran()) != 2 {
+		t.Fatalf("apply without the host permit: %v, commands %q", st.Err, run.ran())
+	}
+	gate.refuse = nil
 	st = oneStep(t, second.Apply(ctx, nil))
 	if st.Err != nil {
 		t.Fatalf("restarted agent's apply: %v", st.Err)
@@ -126,7 +132,7 @@ func TestRestartedAgentAsksForTheMissedReboot(t *testing.T) {
 	if got := run.ran(); !slices.Equal(got, []string{"installer", "systemctl reboot", "systemctl reboot"}) {
 		t.Fatalf("commands %q: the restarted agent did not ask for the reboot again (or installed again)", got)
 	}
-	if n := len(gate.calls); n != 3 || !strings.HasPrefix(gate.calls[2], "rebooting reboot from 5d1f2a3c-0000-4000-8000-000000000001") {
+	if n := len(gate.calls); n != 4 || !strings.HasPrefix(gate.calls[3], "rebooting reboot from 5d1f2a3c-0000-4000-8000-000000000001") {
 		t.Fatalf("host permit calls %q: the second reboot is not recorded in the permit", gate.calls)
 	}
 	// The same agent never asks twice in one boot.
