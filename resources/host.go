@@ -131,5 +131,24 @@ func HostFromEnv(getenv func(string) string) Machine {
 	if root == "" {
 		return Machine{}
 	}
-	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: refusingRunner{}}
+	var run CommandRunner = refusingRunner{}
+	if prog := getenv(HostRunnerEnv); prog != "" {
+		run = programRunner{prog: prog}
+	}
+	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run}
+}
+
+// HostRunnerEnv names, beside AGENT_HOST_ROOT only, a program that runs the fake root's
+// host commands in their place: `PROGRAM NAME ARGS...` (the installer, nvidia-smi,
+// systemctl reboot). The fleet tests' reboot hook is one; without it the fake root's
+// commands are refused.
+const HostRunnerEnv = "AGENT_HOST_RUNNER"
+
+// programRunner runs each host command as `prog NAME ARGS...`.
+type programRunner struct{ prog string }
+
+func (p programRunner) Run(ctx context.Context, c Command) ([]byte, error) {
+	c.Args = append([]string{c.Name}, c.Args...)
+	c.Name = p.prog
+	return ExecRunner{}.Run(ctx, c)
 }
