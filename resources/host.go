@@ -57,6 +57,25 @@ func (ExecRunner) Run(ctx context.Context, c Command) ([]byte, error) {
 	return out.Bytes(), err
 }
 
+// ProcessStart names this process among every process of this boot: its PID and its
+// start time in clock ticks since boot (/proc/self/stat), which a later process with the
+// same PID cannot share. "" when /proc cannot be read.
+func ProcessStart() string {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:])) // from field 3 (state) on
+	if len(f) < 20 {
+		return ""
+	}
+	return fmt.Sprintf("%d@%s", os.Getpid(), f[19]) // field 22: starttime
+}
+
 // ErrCommandsDisabled is returned by the runner of a host whose root was moved with
 // AGENT_HOST_ROOT: commands would act on the real machine, not on that root.
 var ErrCommandsDisabled = errors.New("host commands are disabled: AGENT_HOST_ROOT points the agent at a fake root")
@@ -112,5 +131,24 @@ func HostFromEnv(getenv func(string) string) Machine {
 	if root == "" {
 		return Machine{}
 	}
-	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: refusingRunner{}}
+	var run CommandRunner = refusingRunner{}
+	if prog := getenv(HostRunnerEnv); prog != "" {
+		run = programRunner{prog: prog}
+	}
+	return Machine{Root: root, GPU: gpu.ProcFS{Root: root}, Run: run}
+}
+
+// HostRunnerEnv names, beside AGENT_HOST_ROOT only, a program that runs the fake root's
+// host commands in their place: `PROGRAM NAME ARGS...` (the installer, nvidia-smi,
+// systemctl reboot). The fleet tests' reboot hook is one; without it the fake root's
+// commands are refused.
+const HostRunnerEnv = "AGENT_HOST_RUNNER"
+
+// programRunner runs each host command as `prog NAME ARGS...`.
+type programRunner struct{ prog string }
+
+func (p programRunner) Run(ctx context.Context, c Command) ([]byte, error) {
+	c.Args = append([]string{c.Name}, c.Args...)
+	c.Name = p.prog
+	return ExecRunner{}.Run(ctx, c)
 }

@@ -46,6 +46,10 @@ type Machine struct {
 	// StateDir is where kinds keep caches and logs (the driver's installer and its log);
 	// "" means the plan's agent.state_dir, else /var/lib/agent.
 	StateDir string
+	// AgentStart names this agent process (resources.ProcessStart; "" is computed): a
+	// reboot the driver asked for in this boot from another agent process (one killed
+	// between its record and systemctl reboot) is asked for again, once per agent start.
+	AgentStart string
 }
 
 // WithDefaults is h with the real GPUs of h.Root where h names none.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/drain"
 	"github.com/agent-dev/agent/internal/state"
 )
@@ -56,7 +57,15 @@ func (e *WaitingError) Error() string {
 func held(err error) bool {
 	var w *WaitingError
 	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold) || errors.As(err, &w) ||
-		agent.IsRolloutWait(err) || errors.Is(err, drain.ErrDrained)
+		waits(err)
+}
+
+// waits reports whether err is a "not now" that starts no backoff: the rollout group is
+// at max_unavailable, the host is drained, or the host group's permits are held
+// elsewhere (a driver upgrade waits for the host before it).
+func waits(err error) bool {
+	var hr *coord.HostRefusal
+	return agent.IsRolloutWait(err) || errors.Is(err, drain.ErrDrained) || errors.As(err, &hr)
 }
 
 // heldChange is, for an orphan addr waiting for a planned resource whose current record
@@ -356,15 +365,16 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		d.mu.Unlock()
 		return
 	}
-	if agent.IsRolloutWait(st.Err) || errors.Is(st.Err, drain.ErrDrained) {
-		// Its group is at max_unavailable (or the host is drained: agent drain):
+	if waits(st.Err) {
+		// Its group is at max_unavailable (or the host is drained: agent drain, or the
+		// host group's permits are held by other hosts, named in the error):
 		// nothing was tried, so nothing failed and no backoff starts. It is queued
 		// again as soon as a member of its group ends a reconcile (wakeRollout), and at
 		// its resync in any case.
 		rs.step, rs.converged, rs.gen, rs.done = st, false, gen, now
 		d.queue.AddAfter(addr, d.resync())
 		d.mu.Unlock()
-		d.log.Info("waiting for its rollout group or the drain's end", "resource", addr, "why", st.Err.Error())
+		d.log.Info("waiting for its rollout group, the host permit or the drain's end", "resource", addr, "why", st.Err.Error())
 		d.publish(addr)
 		return
 	}

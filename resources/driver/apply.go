@@ -113,27 +113,32 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 	if err := d.save(env, rec); err != nil {
 		return err
 	}
-	reboot := false
+	var ask *rebootNote
 	for _, c := range causes {
 		if _, r := d.rebootVerdict(c, o, rec); r {
-			reboot = true
-			rec.RebootRequested = &rebootNote{Cause: c.key, Reason: c.reason, BootID: o.BootID, At: now()}
+			ask = &rebootNote{Cause: c.key, Reason: c.reason, BootID: o.BootID, At: now(), Agent: d.host.AgentStart}
 			break
 		}
 	}
-	if !reboot {
+	if ask == nil {
 		env.Log.Warn("reboot required", "reason", c.reason, "reboot", map[bool]string{true: "allowed", false: "never"}[d.rebootAllowed])
 		return nil
 	}
-	// Recorded before the command, so that whatever happens next the agent never asks
-	// twice for the same cause in the same boot.
+	// The fleet's host permit first: a refusal (or no lease yet) records nothing, so the
+	// next pass asks again.
+	if hd := d.host.HostDisruption; hd != nil {
+		if err := hd.Rebooting(ctx, "reboot", d.disruptionDetail(loaded)+": "+ask.Reason, o.BootID); err != nil {
+			return fmt.Errorf("reboot (%s): the fleet's host permit: %w", ask.Reason, err)
+		}
+	}
+	if r := rec.RebootRequested; r != nil && r.BootID == o.BootID {
+		env.Log.Warn("the reboot an earlier agent asked for did not happen: asking again", "asked", agent.HumanTime(r.At))
+	}
+	// Recorded before the command, so that whatever happens next this agent never asks
+	// twice in the same boot.
+	rec.RebootRequested = ask
 	if err := d.save(env, rec); err != nil {
 		return err
-	}
-	if hd := d.host.HostDisruption; hd != nil {
-		if err := hd.Rebooting(ctx, "reboot", d.disruptionDetail(loaded)+": "+rec.RebootRequested.Reason, o.BootID); err != nil {
-			return fmt.Errorf("reboot (%s): the fleet's host permit: %w", rec.RebootRequested.Reason, err)
-		}
 	}
 	env.Log.Warn("rebooting the host", "reason", rec.RebootRequested.Reason)
 	if out, err := d.host.Run.Run(ctx, resources.Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {

@@ -84,6 +84,9 @@ func DriverKind(h resources.Machine) agent.Kind {
 	if h.GPU == nil {
 		h.GPU = gpu.Default(h.Root)
 	}
+	if h.AgentStart == "" {
+		h.AgentStart = resources.ProcessStart()
+	}
 	return agent.NewKind("nvidia_driver", func(r *plans.Resource, c *DriverConfig) (agent.Resource, hcl.Diagnostics) {
 		return bindDriver(r, c, h)
 	})
@@ -146,6 +149,8 @@ type rebootNote struct {
 	Reason string    `json:"reason"`
 	BootID string    `json:"boot_id,omitempty"`
 	At     time.Time `json:"at"`
+	// Agent is the agent process that asked (resources.ProcessStart), for a reboot request.
+	Agent string `json:"agent,omitempty"`
 }
 
 type installNote struct {
@@ -350,8 +355,12 @@ func (d *Driver) rebootVerdict(c rebootCause, o *driverObs, rec driverRecord) (w
 	}
 	r := rec.RebootRequested
 	if r != nil && r.BootID == o.BootID {
-		// At most one reboot per boot, whatever its cause.
-		return fmt.Sprintf("reboot required: %s; the agent asked for a reboot at %s and the host has not gone down yet", c.reason, agent.HumanTime(r.At)), false
+		// At most one reboot per boot and agent start, whatever its cause: an agent
+		// killed between its record and systemctl reboot asks again once restarted.
+		if r.Agent == d.host.AgentStart {
+			return fmt.Sprintf("reboot required: %s; the agent asked for a reboot at %s and the host has not gone down yet", c.reason, agent.HumanTime(r.At)), false
+		}
+		return "", true
 	}
 	if r != nil && r.Cause == c.key {
 		return fmt.Sprintf("reboot required: %s, although the agent rebooted the host at %s for it: the reboot did not help (see the kernel log and %s), so the agent will not reboot again for it",

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/agent-dev/agent/agent"
+	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/resources/restest"
 )
 
 // gateRecorder is a HostDisruption that records each call with the commands run before it.
@@ -72,5 +77,73 @@ func TestDriverTakesTheHostPermitFirst(t *testing.T) {
 	}
 	if got := run2.ran(); len(got) != 0 {
 		t.Fatalf("commands %q run without the host permit", got)
+	}
+}
+
+// An agent killed between recording its reboot and systemctl reboot: the agent started
+// again in the same boot asks for the reboot again (the host permit records it again),
+// once per agent start; in another boot nothing is asked again for the same cause.
+func TestRestartedAgentAsksForTheMissedReboot(t *testing.T) {
+	t.Parallel()
+	run := &fakeRunner{}
+	h := driverHost(t, tree570, run)
+	gate := &gateRecorder{run: run}
+	h.HostDisruption = gate
+	src := serveInstaller(t, h.Root, false, 0).plan(`  reboot = "allowed"
+`)
+	store := restest.OpenStore(t, filepath.Join(h.StateDir, "state"))
+	start := func(agentStart string) *agent.Engine {
+		hh := h
+		hh.AgentStart = agentStart
+		kinds := []agent.Kind{DriverKind(hh)}
+		return restest.Engine(t, t.TempDir(), src, kinds, store, agent.Options{})
+	}
+	ctx := context.Background()
+	// The first agent dies as systemctl reboot starts: its record says it asked.
+	run.handle = func(c resources.Command) ([]byte, error) {
+		if c.Name == "systemctl" {
+			return nil, errors.New("signal: killed")
+		}
+		return nil, nil
+	}
+	oneStep(t, start("100@5000").Apply(ctx, nil))
+	run.mu.Lock()
+	run.handle = nil
+	run.mu.Unlock()
+	if got := run.ran(); !slices.Equal(got, []string{"installer", "systemctl reboot"}) {
+		t.Fatalf("first agent's commands %q", got)
+	}
+
+	second := start("200@9000")
+	st := oneStep(t, second.Plan(ctx))
+	if st.Diff.Action == agent.NoOp {
+		t.Fatalf("a restarted agent in the same boot plans no reboot: %+v", st.Diff)
+	}
+	// Its first try finds no etcd lease yet: nothing is recorded, the next try asks.
+	gate.refuse = errors.New("no live etcd lease")
+	if st = oneStep(t, second.Apply(ctx, nil)); st.Err == nil || len(run.ran()) != 2 {
+		t.Fatalf("apply without the host permit: %v, commands %q", st.Err, run.ran())
+	}
+	gate.refuse = nil
+	st = oneStep(t, second.Apply(ctx, nil))
+	if st.Err != nil {
+		t.Fatalf("restarted agent's apply: %v", st.Err)
+	}
+	if got := run.ran(); !slices.Equal(got, []string{"installer", "systemctl reboot", "systemctl reboot"}) {
+		t.Fatalf("commands %q: the restarted agent did not ask for the reboot again (or installed again)", got)
+	}
+	if n := len(gate.calls); n != 4 || !strings.HasPrefix(gate.calls[3], "rebooting reboot from 5d1f2a3c-0000-4000-8000-000000000001") {
+		t.Fatalf("host permit calls %q: the second reboot is not recorded in the permit", gate.calls)
+	}
+	// The same agent never asks twice in one boot.
+	st = oneStep(t, second.Apply(ctx, nil))
+	if got := run.ran(); len(got) != 3 || !hasString(st.Diff.Warnings, "has not gone down yet") {
+		t.Fatalf("commands %q, warnings %q: the restarted agent asked twice", got, st.Diff.Warnings)
+	}
+	// Another boot with the old module still loaded: no reboot for the same cause, by any agent.
+	writeTree(t, h.Root, "-- proc/sys/kernel/random/boot_id --\n5d1f2a3c-0000-4000-8000-000000000002\n")
+	st = oneStep(t, start("300@100").Apply(ctx, nil))
+	if got := run.ran(); len(got) != 3 || !hasString(st.Diff.Warnings, "the reboot did not help") {
+		t.Fatalf("commands %q, warnings %q after a reboot that did not help", got, st.Diff.Warnings)
 	}
 }

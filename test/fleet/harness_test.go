@@ -54,6 +54,7 @@ type host struct {
 	port, listen int
 	proxies      []*proxy
 	logFile      string
+	env          []string // added to its agent's environment (AGENT_HOST_ROOT)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -165,7 +166,7 @@ func (h *harness) start(x *host) {
 	}
 	defer f.Close()
 	cmd := exec.Command(h.agentBin, "run", h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
-	cmd.Env = append(os.Environ(), "HOME="+h.work)
+	cmd.Env = append(append(os.Environ(), "HOME="+h.work), x.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
