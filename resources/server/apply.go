@@ -61,7 +61,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 	if det.reset != nil {
 		s.resetGPU(ctx, env, det.reset)
 	}
-	beside := func() *warmRecord { return warmed }
+	beside := func(bool) *warmRecord { return warmed }
 	if warmed == nil {
 		beside = s.warmBeside(ctx, env, lc)
 	}
@@ -78,7 +78,7 @@ func (s *Server) Apply(ctx context.Context, env *agent.Env, d *agent.Diff) (err 
 			r.Rejected, r.RevertOf = det.prev.Rejected, det.prev.RevertOf
 		}
 	}})
-	if w := beside(); w != nil && warmed == nil && err == nil && rec != nil && rec.PID != 0 {
+	if w := beside(err == nil); w != nil && warmed == nil && err == nil && rec != nil && rec.PID != 0 {
 		rec.Warm = w
 		if serr := env.State.Save(rec); serr != nil {
 			env.Log.Warn("the warm-up's figures were not recorded", "error", serr)

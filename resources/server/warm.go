@@ -198,19 +198,52 @@ func warmWithProgress(ctx context.Context, env *agent.Env, files []string, o war
 // errLaunchReturned ends a warm-up beside a launch: not a failure.
 var errLaunchReturned = errors.New("the launch returned")
 
-// warmBeside starts a warm-up beside a launch that stops nothing serving; the function
-// it returns ends it (the engine has read what it needed once its launch returned) and
-// returns what it did.
-func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle) func() *warmRecord {
+// warmBeside starts a warm-up beside a launch that stops nothing serving, unless the
+// cold starts of these weights measured slower with it (warm.Ledger: the first cold
+// start runs the readers, the next one runs without to compare). The function it
+// returns ends it (the engine has read what it needed once its launch returned), adds
+// the start to the ledger when the launch was verified, and returns what it did.
+func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.Lifecycle) func(launched bool) *warmRecord {
+	none := func(bool) *warmRecord { return nil }
 	if s.warm.off {
-		return func() *warmRecord { return nil }
+		return none
+	}
+	start := time.Now()
+	files, err := s.warmFiles(ctx, lc)
+	key, kerr := warm.Key(files)
+	if err != nil || kerr != nil {
+		if err == nil || errors.Is(err, errElsewhere) {
+			return none // nothing here to warm (or measure)
+		}
+		w := s.warmUp(ctx, env, lc, false) // says why it could not
+		return func(bool) *warmRecord { return w }
+	}
+	ledger := warm.NewLedger(env.State.Dir())
+	measure := func(beside bool, cold int64) {
+		if err := ledger.Record(key, beside, time.Since(start).Seconds(), cold, env.Now()); err != nil {
+			env.Log.Warn("the cold start's figures were not recorded", "error", err)
+		}
+	}
+	if ok, why := ledger.Beside(key); !ok {
+		cold, cerr := warm.ColdBytes(files)
+		env.Log.Info("weights not warmed beside the start", "reason", why)
+		return func(launched bool) *warmRecord {
+			if launched && cerr == nil {
+				measure(false, cold)
+			}
+			return &warmRecord{At: env.Now(), Result: warm.Result{Files: len(files), Skipped: why}}
+		}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan *warmRecord, 1)
 	go func() { done <- s.warmUp(ctx, env, lc, false) }()
-	return func() *warmRecord {
+	return func(launched bool) *warmRecord {
 		cancel(errLaunchReturned)
-		return <-done
+		w := <-done
+		if launched && w != nil && w.Skipped == "" && w.Error == "" {
+			measure(true, w.Bytes-w.ResidentBefore)
+		}
+		return w
 	}
 }
 

@@ -303,6 +303,14 @@ func TestWarmBesideAColdStart(t *testing.T) {
 		if r, err := warm.Resident(f); err != nil || r < size/2-1<<20 {
 			t.Errorf("%s: %d bytes resident once the server is ready (%v)", f, r, err)
 		}
+	} // The start is the ledger's first figure for these weights: the next cold start
+	// runs without readers, to compare.
+	key, err := warm.Key(h.files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := warm.NewLedger(h.store.Dir()).Beside(key); ok || !strings.HasPrefix(why, "measuring one cold start") {
+		t.Errorf("after a measured cold start with readers: beside %v (%q), want the next one without", ok, why)
 	}
 }
 
@@ -331,5 +339,48 @@ func TestPlannedStopOnly(t *testing.T) {
 		if got := plannedStop(c.d); got != c.want {
 			t.Errorf("%s: planned stop %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// A cold start follows the ledger of cold starts on this filesystem (warm.Ledger): where
+// only a start with readers was measured, this one runs without them to compare; where
+// the readers measured slower, they stay away. Either way the record and status say why,
+// nothing is read by the agent, and the start is added to the ledger.
+func TestColdStartWithoutReadersWhereTheyMeasuredSlower(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		seed    func(l *warm.Ledger, key string)
+		wantWhy string
+	}{
+		{"measuring", func(l *warm.Ledger, key string) {
+			l.Record(key, true, 10, 1<<30, time.Now())
+		}, "measuring one cold start without the readers on this filesystem, to compare (with them: 10.0 s/GiB)"},
+		{"slower", func(l *warm.Ledger, key string) {
+			l.Record(key, true, 100, 1<<30, time.Now())
+			l.Record(key, false, 1, 1<<30, time.Now())
+		}, "on this filesystem cold starts measured slower with the readers beside (100.0 s/GiB against 1.0 without)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const size = 128 << 20
+			h := newWarmHarness(t, size)
+			key, err := warm.Key(h.files)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ledger := warm.NewLedger(h.store.Dir())
+			tc.seed(ledger, key)
+			h.evict()
+			mustOK(t, h.apply())
+			w := h.record().Warm
+			if w == nil || w.Skipped != tc.wantWhy || w.Read != 0 {
+				t.Fatalf("cold start: warm-up %+v, want none, skipped with %q", w, tc.wantWhy)
+			}
+			b, err := os.ReadFile(filepath.Join(h.store.Dir(), warm.LedgerFile))
+			if err != nil || !strings.Contains(string(b), `"alone"`) {
+				t.Errorf("the start without readers was not added to the ledger:\n%s", b)
+			}
+		})
 	}
 }
