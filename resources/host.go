@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agent-dev/agent/internal/gpu"
+	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
 )
 
@@ -58,22 +59,14 @@ func (ExecRunner) Run(ctx context.Context, c Command) ([]byte, error) {
 }
 
 // ProcessStart names this process among every process of this boot: its PID and its
-// start time in clock ticks since boot (/proc/self/stat), which a later process with the
-// same PID cannot share. "" when /proc cannot be read.
+// start time in clock ticks since boot, which a later process with the same PID cannot
+// share. "" when /proc cannot be read.
 func ProcessStart() string {
-	b, err := os.ReadFile("/proc/self/stat")
+	id, err := proc.FS{}.Identify(os.Getpid())
 	if err != nil {
 		return ""
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(string(b[i+1:])) // from field 3 (state) on
-	if len(f) < 20 {
-		return ""
-	}
-	return fmt.Sprintf("%d@%s", os.Getpid(), f[19]) // field 22: starttime
+	return fmt.Sprintf("%d@%d", id.PID, id.StartTicks)
 }
 
 // ErrCommandsDisabled is returned by the runner of a host whose root was moved with

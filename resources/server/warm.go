@@ -131,6 +131,13 @@ func (s *Server) warmUp(ctx context.Context, env *agent.Env, lc *lifecycle.Lifec
 	if (err == nil && len(files) == 0) || errors.Is(err, errElsewhere) {
 		return nil
 	}
+	return s.warmRead(ctx, env, files, err, beforeStop)
+}
+
+// warmRead reads files (listed by warmFiles, with listErr when that failed) within the
+// warm-up's timeout and returns what it did; it logs its outcome and never fails.
+func (s *Server) warmRead(ctx context.Context, env *agent.Env, files []string, listErr error, beforeStop bool) *warmRecord {
+	err := listErr
 	w := &warmRecord{At: env.Now(), BeforeStop: beforeStop}
 	if err == nil {
 		ctx, cancel := context.WithTimeoutCause(ctx, s.warmTimeout(), fmt.Errorf("warm.timeout %s", s.warmTimeout()))
@@ -210,12 +217,12 @@ func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	}
 	start := time.Now()
 	files, err := s.warmFiles(ctx, lc)
+	if (err == nil && len(files) == 0) || errors.Is(err, errElsewhere) {
+		return none // nothing here to warm (or measure)
+	}
 	key, kerr := warm.Key(files)
 	if err != nil || kerr != nil {
-		if err == nil || errors.Is(err, errElsewhere) {
-			return none // nothing here to warm (or measure)
-		}
-		w := s.warmUp(ctx, env, lc, false) // says why it could not
+		w := s.warmRead(ctx, env, files, errors.Join(err, kerr), false) // says why it could not
 		return func(bool) *warmRecord { return w }
 	}
 	ledger := warm.NewLedger(env.State.Dir())
@@ -236,7 +243,7 @@ func (s *Server) warmBeside(ctx context.Context, env *agent.Env, lc *lifecycle.L
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan *warmRecord, 1)
-	go func() { done <- s.warmUp(ctx, env, lc, false) }()
+	go func() { done <- s.warmRead(ctx, env, files, nil, false) }()
 	return func(launched bool) *warmRecord {
 		cancel(errLaunchReturned)
 		w := <-done
