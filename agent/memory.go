@@ -46,6 +46,14 @@ func (m *Memory) Range(f func(key string, v any) bool) {
 	}
 }
 
+// Recall is what key holds in m as a T; false when it holds nothing or something else.
+// A kind's observation reads a judgement its watch keeps through it.
+func Recall[T any](m *Memory, key string) (T, bool) {
+	x, _ := m.Load(key)
+	t, ok := x.(T)
+	return t, ok
+}
+
 // Delete forgets key.
 func (m *Memory) Delete(key string) {
 	if m != nil {

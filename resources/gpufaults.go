@@ -37,24 +37,21 @@ const logFaultsPerPoll = 10
 // FaultPoll is how often the fault watch reads the kernel log and NVML.
 const FaultPoll = time.Second
 
-// FaultsOf is m's fault watch in env's memory: made on first use when create is set;
-// ok is false when there is none (nothing polls it: `agent apply`, or no server watched).
-func FaultsOf(env *agent.Env, m Machine, create bool) (*HostFaults, bool) {
-	key := "gpu faults " + m.Root
-	if !create {
-		x, ok := env.Memory.Load(key)
-		if !ok {
-			return nil, false
-		}
-		return x.(*HostFaults), true
-	}
+// FaultsKey names m's fault watch in the loop's memory: an observation reads it with
+// agent.Recall[*HostFaults], and finds none where nothing polls it (`agent apply`, or no
+// server watched).
+func FaultsKey(m Machine) string { return "gpu faults " + m.Root }
+
+// FaultsOf is m's fault watch in env's memory, made on first use (by the watches that
+// poll it, and a GPU reset that reads it again).
+func FaultsOf(env *agent.Env, m Machine) *HostFaults {
 	obs := m.GPU
 	var health gpu.HealthSource
 	if obs == nil {
 		obs, health = gpu.Default(m.Root), gpu.DefaultHealth()
 	}
-	x, _ := env.Memory.LoadOrStore(key, &HostFaults{root: m.Root, obs: obs, watch: &gpu.FaultWatch{Root: m.Root, Health: health}})
-	return x.(*HostFaults), true
+	x, _ := env.Memory.LoadOrStore(FaultsKey(m), &HostFaults{root: m.Root, obs: obs, watch: &gpu.FaultWatch{Root: m.Root, Health: health}})
+	return x.(*HostFaults)
 }
 
 // Poll reads what is new, at most once per FaultPoll, and logs each new fault.

@@ -29,7 +29,7 @@ func (healthNow) Close() error                                                { 
 // whose health asks for a reset, and one series per GPU the host has.
 func TestHostFaultsMetrics(t *testing.T) {
 	env := &agent.Env{Memory: agent.NewMemory(), Now: time.Now, Log: slog.New(slog.DiscardHandler)}
-	h, _ := FaultsOf(env, Machine{Root: t.TempDir(), GPU: twoGPUs{}}, true)
+	h := FaultsOf(env, Machine{Root: t.TempDir(), GPU: twoGPUs{}})
 	h.watch.Health = healthNow{
 		{Index: 0, PCIBusID: "0000:01:00.0", ECCKnown: true, ECCAggregate: 3, RemapKnown: true},
 		{Index: 1, PCIBusID: "0000:41:00.0", ECCKnown: true, ECCAggregate: 7, RemapKnown: true, RemapPending: true},

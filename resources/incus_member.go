@@ -29,7 +29,7 @@ func WatchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance 
 	if err != nil || member == "" || member == "none" {
 		return agent.ErrNothingToWatch
 	}
-	key := seenKey(c, instance)
+	key := MemberSeenKey(c, instance)
 	t := time.NewTicker(MemberWatchEvery)
 	defer t.Stop()
 	for {
@@ -56,12 +56,12 @@ func WatchMember(ctx context.Context, env *agent.Env, c *incus.Client, instance 
 	}
 }
 
-// seenKey names, in the loop's memory (agent.Memory), the status of the member holding
-// instance that a watch last reported down, per Incus socket and instance: the watches
-// of one resource come and go (one per reconcile, and a new engine at each plan reload),
-// what they reported must outlive them. An observation that finds the member online
-// forgets it.
-func seenKey(c *incus.Client, instance string) string {
+// MemberSeenKey names, in the loop's memory (agent.Memory), the status of the member
+// holding instance that a watch last reported down, per Incus socket and instance: the
+// watches of one resource come and go (one per reconcile, and a new engine at each plan
+// reload), what they reported must outlive them. An observation that finds the member
+// online forgets it (MemberOnline; the server kind's observe itself, after DownMember).
+func MemberSeenKey(c *incus.Client, instance string) string {
 	return "incus member seen " + c.Socket() + "\x00" + instance
 }
 
@@ -78,13 +78,14 @@ func memberState(ctx context.Context, c *incus.Client, member string) (*incus.Cl
 // cannot tell). Asked before the instance itself: the cluster's database answers both
 // from any member, while a read of the instance is forwarded to its member, and one
 // whose incusd hangs never answers it (issue 27: a status that waited for the step's
-// whole timeout).
-func DownMember(ctx context.Context, seen *agent.Memory, c *incus.Client, instance string) (string, error) {
+// whole timeout). It only reads: the caller forgets what a watch reported of a member
+// found online (MemberSeenKey).
+func DownMember(ctx context.Context, c *incus.Client, instance string) (string, error) {
 	member, err := c.InstanceMember(ctx, instance)
 	if err != nil || member == "" || member == "none" {
 		return "", nil
 	}
-	if err := MemberOnline(ctx, seen, c, member, instance); err != nil {
+	if err := memberOnline(ctx, c, member, instance); err != nil {
 		return member, err
 	}
 	return "", nil
@@ -118,6 +119,15 @@ func InstanceMember(inst *incus.Instance) string {
 // when it is not online (and, when it is, forgets in seen what a watch reported of it): its instances can be neither observed nor changed (the cluster
 // answers an offline member's instance from its database, as stopped).
 func MemberOnline(ctx context.Context, seen *agent.Memory, c *incus.Client, member, instance string) error {
+	if err := memberOnline(ctx, c, member, instance); err != nil {
+		return err
+	}
+	seen.Delete(MemberSeenKey(c, instance)) // online: a watch reports its next fall again
+	return nil
+}
+
+// memberOnline is MemberOnline's read, which forgets nothing.
+func memberOnline(ctx context.Context, c *incus.Client, member, instance string) error {
 	m, err := c.ClusterMember(ctx, member)
 	if err != nil {
 		return ReachErr(c, fmt.Errorf("cluster member %s of instance %s: %w", member, instance, err))
@@ -125,7 +135,6 @@ func MemberOnline(ctx context.Context, seen *agent.Memory, c *incus.Client, memb
 	if !m.Online() {
 		return MemberDownErr(m, instance)
 	}
-	seen.Delete(seenKey(c, instance)) // online: a watch reports its next fall again
 	return nil
 }
 

@@ -10,7 +10,7 @@ import (
 // kind owning the record implements and resources/registry hands to the kind that asks
 // (through Machine), so that no kind imports another. A record that cannot be read is
 // passed over, and where the records cannot be listed at all the caller gets the answer
-// that keeps the host safe.
+// that keeps the host safe (state.EachRecord).
 //
 //   - Containers.LiveInstance (server asks container): the instance a server must run in
 //     now.
@@ -45,28 +45,4 @@ func (h Machine) LiveInstance(env *agent.Env, name string) (live, retiring strin
 // ServersIn asks h.Servers; without one, true: the safe answer.
 func (h Machine) ServersIn(env *agent.Env, instance string) bool {
 	return h.Servers == nil || h.Servers.RunIn(env, instance)
-}
-
-// EachRecord calls fn with every other record of kind, decoded as T, until fn returns
-// false. It reports false when the records could not be listed (or env has no state):
-// the caller then does not know, and must choose the safe answer itself.
-func EachRecord[T any](env *agent.Env, kind string, fn func(addr string, rec T) bool) bool {
-	if env == nil || env.State == nil {
-		return false
-	}
-	others := env.State.Others()
-	addrs, err := others.List(kind)
-	if err != nil {
-		return false
-	}
-	for _, addr := range addrs {
-		var rec T
-		if ok, err := others.Load(addr, &rec); err != nil || !ok {
-			continue
-		}
-		if !fn(addr, rec) {
-			break
-		}
-	}
-	return true
 }

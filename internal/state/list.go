@@ -111,8 +111,14 @@ type View struct {
 	self  string
 }
 
-// Others is the view of every record but r's own.
-func (r *Scoped) Others() *View { return &View{store: r.store, self: r.addr} }
+// Others is the view of every record but r's own (nil for a nil r: a step with no
+// state, whose EachRecord then knows nothing).
+func (r *Scoped) Others() *View {
+	if r == nil {
+		return nil
+	}
+	return &View{store: r.store, self: r.addr}
+}
 
 // List returns the addresses of kind ("server", "container") with a record, sorted, but
 // the viewer's own.
@@ -132,6 +138,31 @@ func (v *View) List(kind string) ([]string, error) {
 
 // Load reads the record of addr into x; false when there is none.
 func (v *View) Load(addr string, x any) (bool, error) { return v.store.Load(addr, x) }
+
+// EachRecord calls fn with every record of kind in v, decoded as T, until fn returns
+// false: the cross-kind questions (resources/peers.go) read the others' records through
+// it. A record that cannot be read is passed over. It reports false when the records
+// could not be listed (or v is nil): the caller then does not know, and must choose the
+// safe answer itself.
+func EachRecord[T any](v *View, kind string, fn func(addr string, rec T) bool) bool {
+	if v == nil {
+		return false
+	}
+	addrs, err := v.List(kind)
+	if err != nil {
+		return false
+	}
+	for _, addr := range addrs {
+		var rec T
+		if ok, err := v.Load(addr, &rec); err != nil || !ok {
+			continue
+		}
+		if !fn(addr, rec) {
+			break
+		}
+	}
+	return true
+}
 
 // View is the read-only view of every record of the store (agent drain's stop of the
 // servers, outside any resource).

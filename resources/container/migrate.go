@@ -6,6 +6,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/resources"
 )
 
@@ -269,7 +270,7 @@ type ContainerPeers struct{}
 // LiveInstance implements resources.Containers from the container records.
 func (ContainerPeers) LiveInstance(env *agent.Env, name string) (live, retiring string) {
 	live = name
-	resources.EachRecord(env, "container", func(_ string, rec Record) bool {
+	state.EachRecord(env.State.Others(), "container", func(_ string, rec Record) bool {
 		if rec.Base != name {
 			return true
 		}

@@ -43,7 +43,7 @@ func TestDriverRebootsForAGPUFault(t *testing.T) {
 			t.Fatal(err)
 		}
 		env := &agent.Env{Memory: mem, Now: time.Now, Log: slog.New(slog.DiscardHandler)}
-		hf, _ := resources.FaultsOf(env, h, true)
+		hf := resources.FaultsOf(env, h)
 		hf.Poll(ctx, env)
 
 		st := oneStep(t, e.Apply(ctx, nil))

@@ -15,7 +15,7 @@ import (
 // it (`agent status` with no agent running) the GPUs' faults are not known and nothing
 // is added.
 func (d *Driver) statusGPUFaults(add func(agent.Field), st *agent.Status, env *agent.Env, gpus []gpu.Device) {
-	h, ok := resources.FaultsOf(env, d.host, false)
+	h, ok := agent.Recall[*resources.HostFaults](env.Memory, resources.FaultsKey(d.host))
 	if !ok {
 		return
 	}

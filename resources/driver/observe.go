@@ -62,7 +62,7 @@ type driverObs struct {
 // gpuRebootCauses are the reboots the judgements of m's GPUs ask for: one cause per GPU
 // and fault, so a reboot that did not clear it is not asked for again.
 func gpuRebootCauses(env *agent.Env, m resources.Machine) []rebootCause {
-	h, ok := resources.FaultsOf(env, m, false)
+	h, ok := agent.Recall[*resources.HostFaults](env.Memory, resources.FaultsKey(m))
 	if !ok {
 		return nil
 	}

@@ -54,7 +54,7 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 	if err != nil {
 		return nil, err
 	}
-	d, held, err := v.decide(o)
+	d, held, err := v.decide(o, env.Loop)
 	if held != "" {
 		sayHeld(env, o.rec.Rejected, held)
 	}
@@ -66,7 +66,7 @@ func (s *Server) Check(ctx context.Context, env *agent.Env) (*agent.Diff, error)
 // that cannot be probed, a retiring generation, the preflight's verdict), the record
 // update of a pending launch settled, and the break work a migration left. held is the
 // reason the loop holds a rejected change back, when not said yet.
-func (s *Server) decide(o *observation) (d *agent.Diff, held string, err error) {
+func (s *Server) decide(o *observation, loop bool) (d *agent.Diff, held string, err error) {
 	rec := o.rec
 	if d, ok := s.gpuFaultDiff(o); ok {
 		return s.settled(o, d), "", nil
@@ -77,7 +77,7 @@ func (s *Server) decide(o *observation) (d *agent.Diff, held string, err error) 
 		d.Warnings = append(d.Warnings, fmt.Sprintf("pid %d runs the plan's server, but its readiness cannot be probed: %v", rec.PID, o.noEndpoint))
 		return s.settled(o, d), "", nil
 	}
-	d, held, err = s.compare(o, &rec)
+	d, held, err = s.compare(o, &rec, loop)
 	if d != nil {
 		d.Derive()
 		if det, ok := d.Detail.(*serverDetail); ok && o.stopped {
@@ -118,14 +118,14 @@ func (s *Server) settled(o *observation, d *agent.Diff) *agent.Diff {
 // compare decides from what runs: the recorded process alive (compareRunning), or a
 // launch (a first one, or a relaunch of a generation that is gone) unless the port's
 // holder is the plan's server already (portHolderDiff).
-func (s *Server) compare(o *observation, rec *serverRecord) (*agent.Diff, string, error) {
+func (s *Server) compare(o *observation, rec *serverRecord, loop bool) (*agent.Diff, string, error) {
 	if o.has {
-		if d, held, handled, err := s.decideRevert(o, rec); handled || err != nil {
+		if d, held, handled, err := s.decideRevert(o, rec, loop); handled || err != nil {
 			return d, held, err
 		}
 	}
 	if o.alive {
-		d, err := s.compareRunning(o, rec)
+		d, err := s.compareRunning(o, rec, loop)
 		return d, "", err
 	}
 	det := &serverDetail{stop: o.has}
@@ -163,10 +163,10 @@ func (s *Server) compare(o *observation, rec *serverRecord) (*agent.Diff, string
 // compareRunning judges the recorded process, alive: a changed identity is a relaunch
 // (make before break when its container migrates), a launch never verified is verified,
 // and otherwise readiness decides (checkReady).
-func (s *Server) compareRunning(o *observation, rec *serverRecord) (*agent.Diff, error) {
+func (s *Server) compareRunning(o *observation, rec *serverRecord, loop bool) (*agent.Diff, error) {
 	if changes := s.identityChanges(rec); len(changes) > 0 {
 		if r := s.rejectedNow(rec); r != nil {
-			markRejected(changes, r, o.loop)
+			markRejected(changes, r, loop)
 		}
 		if s.migrating(rec) {
 			d := &agent.Diff{Changes: changes, Detail: &serverDetail{prev: rec, migrate: true}}

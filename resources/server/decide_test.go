@@ -41,7 +41,7 @@ func TestDecideNeedsNoHost(t *testing.T) {
 
 	t.Run("gone: relaunch", func(t *testing.T) {
 		o := &observation{now: now, fits: true, has: true, rec: launched(3, 999991), failure: "CUDA out of memory"}
-		d, held, err := s.decide(o)
+		d, held, err := s.decide(o, false)
 		if err != nil || held != "" {
 			t.Fatalf("decide: %v (held %q)", err, held)
 		}
@@ -60,7 +60,7 @@ func TestDecideNeedsNoHost(t *testing.T) {
 		good.Args = []string{"--port", "30000", "--tp", "1"} // the last good inputs differ
 		failed := launched(3, 999993)
 		failed.VerifiedAt, failed.LastGood = time.Time{}, identityOf(&good)
-		d, _, err := s.decide(&observation{now: now, fits: true, has: true, rec: failed})
+		d, _, err := s.decide(&observation{now: now, fits: true, has: true, rec: failed}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,8 +77,8 @@ func TestDecideNeedsNoHost(t *testing.T) {
 		back.Args = []string{"--port", "30000", "--tp", "1"}
 		back.RevertOf = 2
 		back.Rejected = &rejectedChange{Generation: 4, Identity: &asked, At: now.Add(-time.Minute), Quote: "CUDA out of memory", RolledBackTo: 2}
-		o := &observation{now: now, fits: true, loop: true, has: true, rec: back, alive: true, probed: true}
-		d, held, err := s.decide(o)
+		o := &observation{now: now, fits: true, has: true, rec: back, alive: true, probed: true}
+		d, held, err := s.decide(o, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,11 +86,11 @@ func TestDecideNeedsNoHost(t *testing.T) {
 			t.Errorf("diff %+v, held %q: want the hold, to be said", d, held)
 		}
 		o.said = true
-		if _, held, _ := s.decide(o); held != "" {
+		if _, held, _ := s.decide(o, true); held != "" {
 			t.Errorf("said already, held %q: want nothing more to say", held)
 		}
-		o.loop = false // a person's apply tries it once more
-		if d, _, _ := s.decide(o); d.Action != agent.Restart || !strings.Contains(d.Changes[0].Note, "rolled back") {
+		// A person's apply (not the loop) tries it once more.
+		if d, _, _ := s.decide(o, false); d.Action != agent.Restart || !strings.Contains(d.Changes[0].Note, "rolled back") {
 			t.Errorf("apply: diff %+v, want the change tried again, marked rejected", d)
 		}
 	})
@@ -98,7 +98,7 @@ func TestDecideNeedsNoHost(t *testing.T) {
 	t.Run("port held by the plan's server: adopt", func(t *testing.T) {
 		owner := &proc.Stat{PID: 999996, PPID: 1, PGRP: 999996, Session: 999996, StartTicks: 77}
 		o := &observation{now: now, fits: true, holder: portHolding{owner: owner, runsPlan: true, started: now.Add(-time.Hour)}}
-		d, _, err := s.decide(o)
+		d, _, err := s.decide(o, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +107,7 @@ func TestDecideNeedsNoHost(t *testing.T) {
 			t.Errorf("diff %+v (record %+v), want the adoption of pid 999996", d, d.Record)
 		}
 		o.holder.notReady = "connection refused"
-		if d, _, _ := s.decide(o); d.Action != agent.Adopt || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "is not ready (connection refused)") {
+		if d, _, _ := s.decide(o, false); d.Action != agent.Adopt || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "is not ready (connection refused)") {
 			t.Errorf("not ready: diff %+v, want the adoption, not ready within its grace", d)
 		}
 	})

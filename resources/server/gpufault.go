@@ -80,7 +80,7 @@ func (s *Server) gpusUsed(devices []gpu.Device, rec *serverRecord) []int {
 // fault to relaunch it for (act), or a reboot it waits for (held, the incident that
 // relaunched it once already).
 func (s *Server) gpuFaultNow(env *agent.Env, rec *serverRecord) (act *gpuFaultIncident, held *gpuFaultIncident) {
-	h, ok := resources.FaultsOf(env, s.host, false)
+	h, ok := agent.Recall[*resources.HostFaults](env.Memory, resources.FaultsKey(s.host))
 	if !ok {
 		return nil, nil
 	}
@@ -188,7 +188,7 @@ func (s *Server) statusGPUFault(field func(agent.Field), env *agent.Env, rec *se
 // watchGPUFaults polls the host's fault watch while the server's watch runs, and calls
 // fault when the judgement of one of its GPUs asks Check to act (a relaunch, not a hold).
 func (s *Server) watchGPUFaults(ctx context.Context, env *agent.Env, rec *serverRecord, fault func()) {
-	h, _ := resources.FaultsOf(env, s.host, true)
+	h := resources.FaultsOf(env, s.host)
 	t := time.NewTicker(resources.FaultPoll)
 	defer t.Stop()
 	for {

@@ -68,7 +68,7 @@ func TestServerGPUFaultSurvivesARestartAndClearsOnReboot(t *testing.T) {
 	}
 	poll := func(mem *agent.Memory) { // what the server's watch does under agent run
 		env := &agent.Env{Memory: mem, Now: time.Now, Log: slog.New(slog.DiscardHandler)}
-		f, _ := resources.FaultsOf(env, m, true)
+		f := resources.FaultsOf(env, m)
 		f.Poll(ctx, env)
 	}
 	mem1 := agent.NewMemory()

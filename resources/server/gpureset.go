@@ -28,7 +28,7 @@ type gpuReset struct {
 // processes are unknown and nothing is reset), then the GPU is read again. Whatever
 // fails makes the GPU's judgement a reboot (HostFaults.Escalate), recorded in r.failed.
 func (s *Server) resetGPU(ctx context.Context, env *agent.Env, r *gpuReset) {
-	h, _ := resources.FaultsOf(env, s.host, true)
+	h := resources.FaultsOf(env, s.host)
 	fail := func(why string) {
 		r.failed = why
 		h.Escalate(env, r.index, "GPU reset not done: "+why)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/lifecycle"
-	"github.com/agent-dev/agent/resources"
+	"github.com/agent-dev/agent/internal/state"
 )
 
 // A server in a container that migrates (container_migrate.go) follows its container's
@@ -129,7 +129,7 @@ type ServerPeers struct{}
 // RunIn implements resources.Servers from the server records.
 func (ServerPeers) RunIn(env *agent.Env, instance string) bool {
 	found := false
-	ok := resources.EachRecord(env, "server", func(_ string, rec serverRecord) bool {
+	ok := state.EachRecord(env.State.Others(), "server", func(_ string, rec serverRecord) bool {
 		found = rec.StoppedAt.IsZero() && (rec.PID > 0 || rec.Pending != nil) && rec.Place == lifecycle.IncusPlace(instance)
 		return !found
 	})

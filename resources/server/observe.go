@@ -16,7 +16,6 @@ import (
 	"github.com/agent-dev/agent/internal/lifecycle"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/state"
-	"github.com/agent-dev/agent/resources"
 )
 
 // observation is what Check sees before it decides, gathered once by observe: the
@@ -24,8 +23,7 @@ import (
 // port's holder, and the judgements the loop keeps (the liveness watch's verdict,
 // whether a held change was said). decide reads nothing else.
 type observation struct {
-	now  time.Time
-	loop bool // `agent run`: a rejected change is held, not tried again
+	now time.Time
 	// has: rec names a launch; stopped: rec was stopped for good (has is false, and a
 	// launch continues its generations). found is the record update of a pending launch
 	// settled on the way.
@@ -78,7 +76,7 @@ type portHolding struct {
 // as it runs now (liveView).
 func (s *Server) observe(ctx context.Context, env *agent.Env) (*Server, *observation, error) {
 	s = s.liveView(env)
-	o := &observation{loop: env.Loop, fits: true}
+	o := &observation{fits: true}
 	rec := &o.rec
 	has, err := env.State.Load(rec)
 	if err != nil {
@@ -156,7 +154,7 @@ func (s *Server) observeProcess(ctx context.Context, env *agent.Env, lc *lifecyc
 		o.holder = s.observeHolder(ctx, env, lc, prev)
 	}
 	matches := len(s.identityChanges(rec)) == 0
-	if o.alive && o.missing == nil && rec.verified() && (matches && o.noEndpoint == nil || !matches && o.loop && s.rejectedNow(rec) != nil) {
+	if o.alive && o.missing == nil && rec.verified() && (matches && o.noEndpoint == nil || !matches && env.Loop && s.rejectedNow(rec) != nil) {
 		o.probed, o.notReady = true, s.notReady(ctx, lc, rec)
 	}
 }
@@ -424,7 +422,7 @@ func procStart(ctx context.Context, procs lifecycle.Procs, ticks uint64) (time.T
 // st: a server never adopts what another record names, so two records never name one PID.
 func recordedElsewhere(env *agent.Env, st *proc.Stat) string {
 	holder := ""
-	resources.EachRecord(env, "server", func(addr string, rec serverRecord) bool {
+	state.EachRecord(env.State.Others(), "server", func(addr string, rec serverRecord) bool {
 		if rec.StoppedAt.IsZero() && rec.PID == st.PID && rec.StartTicks == st.StartTicks {
 			holder = addr
 		}

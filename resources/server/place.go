@@ -53,9 +53,11 @@ func (s *Server) memberDown(ctx context.Context, env *agent.Env, places ...strin
 		if !ok || slices.Contains(places[:i], place) {
 			continue
 		}
-		if member, err := resources.DownMember(ctx, env.Memory, s.incusRunner(name).Client, name); err != nil {
+		c := s.incusRunner(name).Client
+		if member, err := resources.DownMember(ctx, c, name); err != nil {
 			return member, err
 		}
+		env.Memory.Delete(resources.MemberSeenKey(c, name)) // online: its watch reports its next fall again
 	}
 	return "", nil
 }

@@ -420,12 +420,12 @@ func (s *Server) againDiff(rec *serverRecord) *agent.Diff {
 // not verified yet (an agent killed during its verification) is verified, a verified one
 // is judged by its readiness alone (holdRejected), one that died or stays unhealthy is
 // relaunched as it was, never as the rejected change.
-func (s *Server) decideRevert(o *observation, rec *serverRecord) (d *agent.Diff, held string, handled bool, err error) {
+func (s *Server) decideRevert(o *observation, rec *serverRecord, loop bool) (d *agent.Diff, held string, handled bool, err error) {
 	if !o.alive && s.midRevert(rec) {
 		return s.revertDiff(rec), "", true, nil
 	}
 	r := s.rejectedNow(rec)
-	if r == nil || !o.loop {
+	if r == nil || !loop {
 		return nil, "", false, nil
 	}
 	switch {
