@@ -86,6 +86,9 @@ type HealthResult struct {
 	PeakTime time.Time // when the peak was first seen
 	Downs    map[int]int
 	Samples  int
+	// FirstDown and LastDown are, per port seen down, the first and the last round
+	// that saw it down: for a port down once, the span of its outage to within a round.
+	FirstDown, LastDown map[int]time.Time
 }
 
 // PeakAt says which ports were down at the peak, and when.
@@ -100,7 +103,7 @@ func (r HealthResult) PeakAt() string {
 // round took longer); Stop ends it.
 func WatchHealth(ports []int, every time.Duration) *HealthWatch {
 	tick := time.NewTicker(every)
-	w := &HealthWatch{ports: ports, res: HealthResult{Downs: map[int]int{}}, stop: make(chan struct{}), done: make(chan struct{})}
+	w := &HealthWatch{ports: ports, res: HealthResult{Downs: map[int]int{}, FirstDown: map[int]time.Time{}, LastDown: map[int]time.Time{}}, stop: make(chan struct{}), done: make(chan struct{})}
 	client := &http.Client{Timeout: 2 * time.Second}
 	go func() {
 		defer close(w.done)
@@ -125,13 +128,18 @@ func WatchHealth(ports []int, every time.Duration) *HealthWatch {
 					down = append(down, port)
 				}
 			}
+			now := time.Now()
 			w.mu.Lock()
 			w.res.Samples++
 			for _, p := range down {
 				w.res.Downs[p]++
+				if _, ok := w.res.FirstDown[p]; !ok {
+					w.res.FirstDown[p] = now
+				}
+				w.res.LastDown[p] = now
 			}
 			if known && len(down) > w.res.Peak {
-				w.res.Peak, w.res.PeakDown, w.res.PeakTime = len(down), down, time.Now()
+				w.res.Peak, w.res.PeakDown, w.res.PeakTime = len(down), down, now
 			}
 			w.mu.Unlock()
 			select {

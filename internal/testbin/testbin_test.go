@@ -161,6 +161,7 @@ func TestWatchHealthKeepsThePeak(t *testing.T) {
 	refused := FreePort(t)
 	w := WatchHealth([]int{upPort, refused}, 5*time.Millisecond)
 	time.Sleep(50 * time.Millisecond)
+	changed := time.Now()
 	status.Store(http.StatusServiceUnavailable)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		w.mu.Lock()
@@ -173,6 +174,13 @@ func TestWatchHealthKeepsThePeak(t *testing.T) {
 	r := w.Stop()
 	if r.Peak != 2 || len(r.PeakDown) != 2 || r.Downs[refused] < r.Downs[upPort] || r.Downs[upPort] == 0 || r.Samples < 2 {
 		t.Errorf("want both ports down at the peak, the refused one in every sample: %+v", r)
+	}
+	// The outage spans: the refused port from the first round, the other from the change.
+	if f, l := r.FirstDown[refused], r.LastDown[refused]; f.IsZero() || f.After(changed) || l.Before(r.PeakTime) {
+		t.Errorf("the refused port's outage: first %s, last %s, changed at %s, peak at %s", f, l, changed, r.PeakTime)
+	}
+	if f, l := r.FirstDown[upPort], r.LastDown[upPort]; f.Before(changed) || l.Before(f) {
+		t.Errorf("the 503 port's outage: first %s, last %s, changed at %s", f, l, changed)
 	}
 	if !strings.HasPrefix(r.PeakAt(), fmt.Sprintf("ports %v at ", r.PeakDown)) {
 		t.Errorf("PeakAt = %q", r.PeakAt())

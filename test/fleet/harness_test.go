@@ -349,6 +349,7 @@ type sampler struct {
 	hosts []*host
 	pids  map[string]int
 	w     *testbin.HealthWatch
+	res   testbin.HealthResult // what it saw, once check stopped it
 }
 
 func startSampler(hosts []*host) *sampler {
@@ -371,6 +372,7 @@ func startSampler(hosts []*host) *sampler {
 func (s *sampler) check(t *testing.T, limit int) int {
 	t.Helper()
 	r := s.w.Stop()
+	s.res = r
 	names := map[int]string{}
 	for _, x := range s.hosts {
 		names[x.port] = x.name

@@ -3,18 +3,21 @@ package fleet_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/testbin"
 )
 
@@ -186,19 +189,22 @@ func writeFile(t *testing.T, p, content string) {
 	}
 }
 
-// hostRecord is one host's upgrade as the test saw it.
+// hostRecord is one host's upgrade as the test saw it: taken is when its host permit
+// was taken (the permit's own since), the others when the test's 100 ms loop saw the
+// step (asked: its reboot requested; down: its agent and server gone; up: its agent
+// started again in the new boot; released: its permit gone from etcd).
 type hostRecord struct {
-	asked, down, up, released time.Time
-	oldPID                    int
-	killed                    bool // SIGKILLed at its first reboot request (killFirst)
+	taken, asked, down, up, released time.Time
+	oldPID                           int
+	killed                           bool // SIGKILLed at its first reboot request (killFirst)
 }
 
-// run drives the upgrade: every 100 ms it serves the reboot hook (a host that asked for
-// its reboot goes down, and comes back after pause with the new driver loaded, unless
-// it is in never) and checks each host permit's release: only once that host serves
-// again, from a new server on the new driver. It returns when every host not in never
-// was released, or fails after limit.
-func (u *upgrade) run(limit, pause time.Duration, never map[string]bool) map[string]*hostRecord {
+// run drives the upgrade to driver version: every 100 ms it serves the reboot hook (a
+// host that asked for its reboot goes down, and comes back after pause with version
+// loaded, unless it is in never) and checks each host permit's release: only once that
+// host serves again, from a new server on version. It returns when every host not in
+// never was released, or fails after limit.
+func (u *upgrade) run(version string, limit, pause time.Duration, never map[string]bool) map[string]*hostRecord {
 	u.t.Helper()
 	recs := map[string]*hostRecord{}
 	for _, x := range u.hosts {
@@ -208,9 +214,14 @@ func (u *upgrade) run(limit, pause time.Duration, never map[string]bool) map[str
 	for {
 		held := map[string]bool{}
 		for _, p := range u.hostPermits() {
+			key, value, _ := strings.Cut(p, " ")
 			for _, x := range u.hosts {
-				if strings.Contains(p, "/holders/"+x.name+" ") {
+				if strings.HasSuffix(key, "/holders/"+x.name) {
 					held[x.name] = true
+					var hp coord.HostPermit
+					if r := recs[x.name]; r.taken.IsZero() && json.Unmarshal([]byte(value), &hp) == nil {
+						r.taken = hp.Since
+					}
 				}
 			}
 		}
@@ -233,14 +244,14 @@ func (u *upgrade) run(limit, pause time.Duration, never map[string]bool) map[str
 				u.goDown(x)
 				r.down = time.Now()
 			case !r.down.IsZero() && r.up.IsZero() && !never[x.name] && time.Since(r.down) >= pause:
-				u.boot(x, driverNew)
+				u.boot(x, version)
 				u.start(x)
 				r.up = time.Now()
 			case !r.up.IsZero() && r.released.IsZero() && !held[x.name]:
 				r.released = time.Now()
-				if !x.serves() || x.serverPID() == r.oldPID || u.loaded(x) != driverNew {
+				if !x.serves() || x.serverPID() == r.oldPID || u.loaded(x) != version {
 					u.t.Errorf("%s's host permit was released before it served again on driver %s (serves %v, server pid %d → %d, driver %s)",
-						x.name, driverNew, x.serves(), r.oldPID, x.serverPID(), u.loaded(x))
+						x.name, version, x.serves(), r.oldPID, x.serverPID(), u.loaded(x))
 				}
 			}
 			if !never[x.name] && r.released.IsZero() {
@@ -263,8 +274,11 @@ func (u *upgrade) run(limit, pause time.Duration, never map[string]bool) map[str
 // A driver version change written to the three hosts' plan at once upgrades them one
 // host at a time: each takes the host permit, installs, asks for its reboot, comes back
 // on the new driver and releases the permit only once its server serves again; the
-// sampler never sees two hosts' servers down at once. The first host's agent is
-// SIGKILLed as it asks for its reboot: started again in the same boot, it asks again.
+// sampler never sees two hosts' servers down at once, and each host's outage lies within
+// its permit. The first host's agent is SIGKILLed as it asks for its reboot: started
+// again in the same boot, it asks again. UPGRADE_ROUNDS (default 1) repeats the upgrade,
+// back and forth between the two drivers, without kills after the first round;
+// bench/upgrade.sh runs it so and keeps the figures each round logs.
 func TestDriverUpgradeOneHostAtATime(t *testing.T) {
 	u := newUpgrade(t, 3)
 	u.killFirst = true
@@ -274,36 +288,116 @@ func TestDriverUpgradeOneHostAtATime(t *testing.T) {
 	}
 	u.converged("0.80", 2*time.Minute)
 
-	s := startSampler(u.hosts)
-	start := time.Now()
-	u.writePlan(driverNew)
-	recs := u.run(90*time.Second, u.lease+time.Second, nil)
-	s.check(t, 1)
-	for _, x := range u.hosts {
-		r := recs[x.name]
-		t.Logf("%s: reboot asked at +%s, serving again and released at +%s (gap %s)", x.name,
-			r.asked.Sub(start).Round(100*time.Millisecond), r.released.Sub(start).Round(100*time.Millisecond), r.released.Sub(r.down).Round(100*time.Millisecond))
-		if !strings.Contains(x.log(), "host disruption over: driver and servers verified, host permit released") {
-			t.Errorf("%s's agent log does not say it released its host permit", x.name)
+	rounds := 1
+	if n, err := fmt.Sscan(os.Getenv("UPGRADE_ROUNDS"), &rounds); n != 1 || err != nil || rounds < 1 {
+		rounds = 1
+	}
+	var all []upgradeFigures
+	killed, peak, from := 0, 0, driverOld
+	for round := 1; round <= rounds; round++ {
+		to := driverNew
+		if from == driverNew {
+			to = driverOld
+		}
+		figs, p := u.round(round, from, to)
+		all, peak, from = append(all, figs...), max(peak, p), to
+		for _, f := range figs {
+			if f.killed {
+				killed++
+			}
 		}
 	}
-	t.Logf("total: %s", time.Since(start).Round(100*time.Millisecond))
-	killed := 0
 	for _, x := range u.hosts {
-		if recs[x.name].killed {
-			killed++
-			if !strings.Contains(x.log(), "the reboot an earlier agent asked for did not happen: asking again") {
-				t.Errorf("%s's restarted agent does not say it asks for the reboot again", x.name)
-			}
+		if !strings.Contains(x.log(), "host disruption over: driver and servers verified, host permit released") {
+			t.Errorf("%s's agent log does not say it released its host permit", x.name)
 		}
 	}
 	if killed != 1 {
 		t.Errorf("%d agents were SIGKILLed at their reboot request, want 1", killed)
 	}
+	for _, f := range all {
+		if f.killed && !strings.Contains(f.host.log(), "the reboot an earlier agent asked for did not happen: asking again") {
+			t.Errorf("%s's restarted agent does not say it asks for the reboot again", f.host.name)
+		}
+	}
 	if ps := u.hostPermits(); len(ps) != 0 {
 		t.Fatalf("host permits left: %q", ps)
 	}
+	t.Logf("UPGRADE RESULT: %s", summary(all, rounds, len(u.hosts), peak))
 }
+
+// upgradeFigures is one host's upgrade in one round: its servers' outage as the sampler
+// saw it (the first to the last round that saw it down, to within 20 ms) and its host
+// permit, from the permit's since to the test seeing it gone (to within 100 ms).
+type upgradeFigures struct {
+	round              int
+	host               *host
+	down, held         time.Duration
+	total              time.Duration // the round's, from the plan's change to the last release
+	install, pause     time.Duration // taken → reboot asked; reboot asked → agent started
+	serving, releasing time.Duration // agent started → serving; serving → released
+	killed             bool
+}
+
+// round writes driver to into the plan, drives the upgrade and logs each host's figures
+// and the round's total; it returns the figures and the most servers down at once.
+func (u *upgrade) round(round int, from, to string) ([]upgradeFigures, int) {
+	t := u.t
+	t.Helper()
+	s := startSampler(u.hosts)
+	start := time.Now()
+	u.writePlan(to)
+	recs := u.run(to, 90*time.Second, u.lease+time.Second, nil)
+	total := time.Since(start)
+	peak := s.check(t, 1)
+	var figs []upgradeFigures
+	for _, x := range u.hosts {
+		r := recs[x.name]
+		first, last := s.res.FirstDown[x.port], s.res.LastDown[x.port]
+		f := upgradeFigures{round: round, host: x, down: last.Sub(first), held: r.released.Sub(r.taken), total: total,
+			install: r.asked.Sub(r.taken), pause: r.up.Sub(r.asked), serving: last.Sub(r.up), releasing: r.released.Sub(last), killed: r.killed}
+		// The permit is taken before the server stops and released after it serves again.
+		if first.IsZero() || first.Before(r.taken) || last.After(r.released) {
+			t.Errorf("round %d: %s's servers were down outside its host permit: down %s to %s, permit %s to %s", round, x.name,
+				first.Format(time.StampMilli), last.Format(time.StampMilli), r.taken.Format(time.StampMilli), r.released.Format(time.StampMilli))
+		}
+		note := ""
+		if f.killed {
+			note = " (its agent SIGKILLed at its reboot request, started again in the same boot)"
+		}
+		t.Logf("round %d %s: servers down %s, host permit held %s: taken → reboot asked %s, reboot (the hook's pause) %s, agent started → serving %s, serving → released %s%s",
+			round, x.name, sec(f.down), sec(f.held), sec(f.install), sec(f.pause), sec(f.serving), sec(f.releasing), note)
+		figs = append(figs, f)
+	}
+	t.Logf("round %d: driver %s → %s on %d hosts in %s, at most %d host down at once", round, from, to, len(u.hosts), sec(total), peak)
+	return figs, peak
+}
+
+// summary is the UPGRADE RESULT line: the range of each figure over the hosts whose agent
+// was not killed, and of the rounds' totals.
+func summary(all []upgradeFigures, rounds, hosts, peak int) string {
+	var down, held, total []time.Duration
+	for _, f := range all {
+		if !f.killed {
+			down, held = append(down, f.down), append(held, f.held)
+		}
+		if f.host == all[0].host {
+			total = append(total, f.total)
+		}
+	}
+	span := func(ds []time.Duration) string {
+		if len(ds) == 0 {
+			return "none"
+		}
+		lo, hi := slices.Min(ds), slices.Max(ds)
+		return sec(lo) + "–" + sec(hi)
+	}
+	return fmt.Sprintf("rounds=%d hosts=%d most_down_at_once=%d servers_down=%s host_permit_held=%s fleet_total=%s",
+		rounds, hosts, peak, span(down), span(held), span(total))
+}
+
+// sec is d in seconds to a tenth.
+func sec(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
 
 // A host that never comes back from its reboot keeps its host permit: the other host
 // waits (serving its old driver, no reboot asked), agent status --fleet shows the holder
@@ -346,7 +440,7 @@ func TestHostThatNeverComesBackHoldsTheGroup(t *testing.T) {
 	if out, err := rel.CombinedOutput(); err != nil {
 		t.Fatalf("agent fleet release %s: %v\n%s", gone.name, err, out)
 	}
-	recs := u.run(60*time.Second, u.lease+time.Second, map[string]bool{gone.name: true})
+	recs := u.run(driverNew, 60*time.Second, u.lease+time.Second, map[string]bool{gone.name: true})
 	if r := recs[other.name]; r.released.IsZero() || u.loaded(other) != driverNew {
 		t.Fatalf("%s did not upgrade once %s's permit was released: %+v", other.name, gone.name, r)
 	}
