@@ -6,14 +6,14 @@ package bench
 
 import (
 	"context"
-	"github.com/agent-dev/agent/internal/testbin"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // runScript runs bash SCRIPT ARGS here with env added to the test's, killed after limit,
@@ -57,31 +57,5 @@ func TestRelaunchBenchShortVersion(t *testing.T) {
 	}
 	if !regexp.MustCompile(`cold-on: resident before 0 of 64 MiB, .*warm-up read 6[0-4] MiB`).Match(out) {
 		t.Errorf("bench/relaunch.sh: the cold warm-up did not read the evicted weights:\n%s", out)
-	}
-}
-
-// TestUpgradeBenchShortVersion runs bench/upgrade.sh for one round: what a user reads of
-// it must be there: each of the three hosts upgraded with its figures (its servers'
-// outage within its host permit), never two hosts down at once, and the verdict.
-func TestUpgradeBenchShortVersion(t *testing.T) {
-	testbin.Long(t, "runs etcd and three agents through a driver upgrade")
-	out := runScript(t, 8*time.Minute, nil, "upgrade.sh", "1")
-	hosts := regexp.MustCompile(`round 1 (h[123]): servers down (\d+\.\d)s, host permit held (\d+\.\d)s: `).FindAllSubmatch(out, -1)
-	seen := map[string]bool{}
-	for _, m := range hosts {
-		down, _ := strconv.ParseFloat(string(m[2]), 64)
-		held, _ := strconv.ParseFloat(string(m[3]), 64)
-		// Not a timing assertion: each host was down, and only while it held its permit.
-		if down <= 0 || held < down {
-			t.Errorf("%s: servers down %.1f s, host permit held %.1f s\n%s", m[1], down, held, out)
-		}
-		seen[string(m[1])] = true
-	}
-	if len(seen) != 3 {
-		t.Errorf("bench/upgrade.sh printed figures for %d hosts, want 3:\n%s", len(seen), out)
-	}
-	if !regexp.MustCompile(`UPGRADE RESULT: rounds=1 hosts=3 most_down_at_once=1 servers_down=\d+\.\ds–\d+\.\ds host_permit_held=\S+ fleet_total=\d+\.\ds–`).Match(out) ||
-		!strings.Contains(string(out), "round 1: driver 570.172.08 → 580.95.05 on 3 hosts in ") {
-		t.Errorf("bench/upgrade.sh printed no result line with one host down at a time:\n%s", out)
 	}
 }

@@ -12,7 +12,8 @@
 # down (reboot to /health 200 on the new driver), how long it held the host permit and
 # where that time went; per round the fleet's total; the result line gives the ranges
 # (the killed host left out) and the most hosts down at once (the goal: never above 1).
-# The suite runs one round (bench/bench_test.go, and test/fleet itself).
+# The suite runs one round: test/fleet TestDriverUpgradeOneHostAtATime is its short
+# version (it prints the same lines and fails when two hosts are down at once).
 # Usage: bench/upgrade.sh [ROUNDS]   (needs Go and etcd: sh scripts/install-etcd.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
