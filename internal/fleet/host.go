@@ -93,6 +93,7 @@ type HostGate struct {
 	mu   sync.Mutex
 	c    *coord.Client
 	p    *plans.Plan
+	wait time.Duration // WaitWhileHeld's limit; 0: a refusal is returned at once
 }
 
 var _ resources.HostDisruption = (*HostGate)(nil)
@@ -111,27 +112,32 @@ func (g *HostGate) Attach(c *coord.Client, p *plans.Plan) {
 	g.c, g.p = c, p
 }
 
-func (g *HostGate) get() (*coord.Client, *plans.Plan) {
+func (g *HostGate) get() (*coord.Client, *plans.Plan, time.Duration) {
 	if g == nil {
-		return nil, nil
+		return nil, nil, 0
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.p == nil || g.p.Agent.Coordination == nil {
-		return nil, nil
+		return nil, nil, 0
 	}
-	return g.c, g.p
+	return g.c, g.p, g.wait
 }
 
-// Begin implements resources.HostDisruption: the host permit, at most 10 s of asking.
+// Begin implements resources.HostDisruption: the host permit, at most 10 s of asking;
+// after WaitWhileHeld, a refusal is waited out (awaitHost).
 func (g *HostGate) Begin(ctx context.Context, cause, detail string) error {
-	c, p := g.get()
+	c, p, wait := g.get()
 	if c == nil {
 		return nil
 	}
+	req := HostRequest(p, cause, detail, g.boot())
+	if wait > 0 {
+		return awaitHost(ctx, c, req, wait)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := c.TakeHost(ctx, HostRequest(p, cause, detail, g.boot()))
+	_, err := c.TakeHost(ctx, req)
 	return err
 }
 
@@ -141,7 +147,7 @@ func (g *HostGate) Rebooting(ctx context.Context, cause, detail, bootID string) 
 	if err := g.Begin(ctx, cause, detail); err != nil {
 		return err
 	}
-	c, p := g.get()
+	c, p, _ := g.get()
 	if c == nil {
 		return nil
 	}
