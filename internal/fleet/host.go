@@ -2,12 +2,14 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -57,6 +59,28 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 		return false, p, err
 	}
 	return true, nil, nil
+}
+
+// Verified is FinishHost's verdict on a report of every resource of the plan (agent
+// run's last steps, an apply's status after it applied): nil when each is converged and
+// healthy, else which are not and why.
+func Verified(rep *agent.Report) error {
+	if rep == nil || len(rep.Steps) == 0 {
+		return errors.New("the plan has not been observed yet")
+	}
+	var bad []string
+	for _, st := range rep.Steps {
+		switch {
+		case st.Err != nil:
+			bad = append(bad, fmt.Sprintf("%s: %v", st.Addr, st.Err))
+		case st.Status == nil || !st.Status.Healthy:
+			bad = append(bad, st.Addr+": not verified healthy yet")
+		}
+	}
+	if len(bad) > 0 {
+		return errors.New(strings.Join(bad, "; "))
+	}
+	return nil
 }
 
 // OpenCommand connects a command (agent drain) to the fleet with a lease of its own, not

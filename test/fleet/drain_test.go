@@ -19,19 +19,32 @@ import (
 // code and combined output.
 func (h *harness) agentCmd(x *host, args ...string) (int, string) {
 	h.t.Helper()
-	args = append(args, h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
-	cmd := exec.Command(h.agentBin, args...)
-	cmd.Env = append(os.Environ(), "HOME="+h.work)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	code, stdout, stderr := h.agentOut(x, args...)
+	return code, stdout + stderr
+}
+
+// agentOut is agentCmd with stdout and stderr apart (--json: stdout is the document).
+func (h *harness) agentOut(x *host, args ...string) (code int, stdout, stderr string) {
+	h.t.Helper()
+	cmd := h.agentExec(x, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
-	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
 		h.t.Fatal(err)
 	}
-	return code, out.String()
+	return code, out.String(), errOut.String()
+}
+
+// agentExec is the command `agent ARGS... PLAN -var-file --state-dir` as x (its
+// environment: AGENT_HOST_ROOT and the reboot hook under newUpgrade).
+func (h *harness) agentExec(x *host, args ...string) *exec.Cmd {
+	args = append(args, h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
+	cmd := exec.Command(h.agentBin, args...)
+	cmd.Env = append(append(os.Environ(), "HOME="+h.work), x.env...)
+	return cmd
 }
 
 // hostPermits reads the host permits' keys from etcd.
