@@ -368,6 +368,15 @@ func (inv *invocation) execute(ctx context.Context) int {
 	if cmd == "drain" {
 		return inv.drain(ctx, store)
 	}
+	if cmd != "status" {
+		// Before the fleet is joined: an apply beside agent run must not take up (and
+		// then revoke) the lease agent run recorded in the state directory.
+		lock, err := acquireLock(ctx, store, o, cmd, inv.planArg)
+		if err != nil {
+			return inv.fail(err)
+		}
+		defer lock.Release()
+	}
 	var rollouts *agent.Rollouts
 	if cmd == "apply" {
 		j, err := joinForApply(p, store, inv.log, inv.gate)
@@ -408,13 +417,6 @@ func (inv *invocation) execute(ctx context.Context) int {
 	})
 	if err != nil {
 		return inv.fail(err)
-	}
-	if cmd != "status" {
-		lock, err := acquireLock(ctx, store, o, cmd, inv.planArg)
-		if err != nil {
-			return inv.fail(err)
-		}
-		defer lock.Release()
 	}
 
 	switch cmd {
