@@ -23,11 +23,13 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/drain"
+	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/proc"
 	"github.com/agent-dev/agent/internal/savedplan"
 	"github.com/agent-dev/agent/internal/state"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
+	"github.com/agent-dev/agent/resources"
 	"github.com/agent-dev/agent/resources/registry"
 )
 
@@ -275,7 +277,12 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		saved, planPath = f, f.Source.Path
 	}
 
-	kinds := registry.Kinds()
+	// The driver kind asks the fleet's host permit through the gate; only apply attaches
+	// it (applyFleet), so the other commands ask nothing.
+	m := resources.HostFromEnv(os.Getenv)
+	gate := fleet.NewHostGate(m.BootID)
+	m.HostDisruption = gate
+	kinds := registry.KindsFor(m)
 	p, diags := loadPlan(planPath, o, kinds)
 	var secrets []string
 	if p != nil {
@@ -304,7 +311,7 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return ExitOK
 	}
 	inv := &invocation{cmd: cmd, o: o, planArg: pos[0], p: p, kinds: kinds, saved: saved,
-		red: red, log: log, human: human, stdout: stdout, stderr: stderr}
+		red: red, log: log, human: human, stdout: stdout, stderr: stderr, gate: gate, bootID: m.BootID}
 	return inv.execute(ctx)
 }
 
@@ -325,6 +332,10 @@ type invocation struct {
 
 	store *state.Store
 	key   []byte // the digests' key of a saved plan
+
+	gate   *fleet.HostGate // the driver kind's host-permit hook
+	bootID func() string
+	fleet  *applyFleet // apply with agent { coordination }
 }
 
 // fail reports err, redacted, as the command's error.
@@ -357,14 +368,23 @@ func (inv *invocation) execute(ctx context.Context) int {
 	if cmd == "drain" {
 		return inv.drain(ctx, store)
 	}
-	var rollouts *agent.Rollouts
-	if cmd == "apply" {
-		r, leave, err := fleetRollouts(p, store, inv.log)
+	if cmd != "status" {
+		// Before the fleet is joined: an apply beside agent run must not take up (and
+		// then revoke) the lease agent run recorded in the state directory.
+		lock, err := acquireLock(ctx, store, o, cmd, inv.planArg)
 		if err != nil {
 			return inv.fail(err)
 		}
-		defer leave()
-		rollouts = r
+		defer lock.Release()
+	}
+	var rollouts *agent.Rollouts
+	if cmd == "apply" {
+		j, err := joinForApply(p, store, inv.log, inv.gate)
+		if err != nil {
+			return inv.fail(err)
+		}
+		defer j.leave()
+		inv.fleet, rollouts = j, j.rolloutsOf()
 	}
 	if drawsBars(inv.stdout, inv.stderr, os.Getenv) {
 		inv.human.Term = inv.stderr
@@ -397,13 +417,6 @@ func (inv *invocation) execute(ctx context.Context) int {
 	})
 	if err != nil {
 		return inv.fail(err)
-	}
-	if cmd != "status" {
-		lock, err := acquireLock(ctx, store, o, cmd, inv.planArg)
-		if err != nil {
-			return inv.fail(err)
-		}
-		defer lock.Release()
 	}
 
 	switch cmd {
@@ -479,6 +492,7 @@ func (inv *invocation) apply(ctx context.Context, eng *agent.Engine) int {
 		rep = eng.Apply(ctx, onEvent)
 	}
 	inv.show(rep, inv.human.ApplySummary)
+	inv.finishHost(ctx, eng, rep)
 	if rep.Failed() {
 		return ExitError
 	}
@@ -547,12 +561,16 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 // stopProgress is the engine's StepContext of apply and destroy for people: a stop
 // that waits for a server to exit prints where it stands every few seconds
 // (internal/proc measures, the view prints), instead of a minute of silence before
-// "deleted and verified". --json prints one document, so nothing there.
+// "deleted and verified"; under apply, so does a wait for the fleet's host permit
+// (fleet.WithHostWait: who holds it). --json prints one document, so nothing there.
 func stopProgress(cmd string, asJSON bool, human *view.View) func(context.Context, string) context.Context {
 	if asJSON || (cmd != "apply" && cmd != "destroy") {
 		return nil
 	}
 	return func(ctx context.Context, addr string) context.Context {
+		if cmd == "apply" {
+			ctx = fleet.WithHostWait(ctx, func(s string) { human.Progress(addr, s) })
+		}
 		return proc.WithStopProgress(ctx, proc.DefaultStopProgressEvery, func(p proc.StopProgress) {
 			human.Progress(addr, "stopping "+p.String())
 		})

@@ -29,26 +29,16 @@ func (inv *invocation) drain(ctx context.Context, store *state.Store) int {
 	rec := drain.Record{Reason: inv.o.reason, Since: time.Now().UTC(), By: operator()}
 	var c *coord.Client
 	if cfg := p.Agent.Coordination; cfg != nil {
-		var err error
-		c, err = fleet.OpenCommand(ctx, cfg, inv.log, 10*time.Second)
-		if err != nil {
-			return inv.fail(err)
-		}
-		defer c.Close()
 		detail := "agent drain by " + rec.By
 		if rec.Reason != "" {
 			detail += ": " + rec.Reason
 		}
-		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = c.TakeHost(tctx, fleet.HostRequest(p, "drain", detail, m.BootID()))
-		cancel()
-		var ref *coord.HostRefusal
-		if errors.As(err, &ref) {
-			return inv.fail(fmt.Errorf("refused: %w; try again once it is released (agent status --fleet shows it)", err))
-		}
+		var err error
+		c, err = inv.takeDrainPermit(ctx, detail, "try again once it is released (agent status --fleet shows it)")
 		if err != nil {
 			return inv.fail(err)
 		}
+		defer c.Close()
 		rec.Group = cfg.HostDisruptions.Group
 	}
 	if err := drain.Write(store.Dir(), rec); err != nil {
@@ -87,9 +77,34 @@ func (inv *invocation) drain(ctx context.Context, store *state.Store) int {
 	return ExitOK
 }
 
-// undrain is `agent drain --undo`: the drain record removed, every server of the plan
-// applied (relaunched, ready, settled, smoke-tested as the plan says), then, with
-// coordination, the host permit released, only once they all serve.
+// takeDrainPermit connects to the fleet under a lease of its own (a host permit is not
+// bound to it) and takes this host's host permit for a drain, or finds the one it holds.
+// A refusal (the group full with other hosts, named) says it and then after.
+func (inv *invocation) takeDrainPermit(ctx context.Context, detail, after string) (*coord.Client, error) {
+	c, err := fleet.OpenCommand(ctx, inv.p.Agent.Coordination, inv.log, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = c.TakeHost(tctx, fleet.HostRequest(inv.p, "drain", detail, registry.Machine().BootID()))
+	cancel()
+	var ref *coord.HostRefusal
+	if errors.As(err, &ref) {
+		err = fmt.Errorf("refused: %w; %s", err, after)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// undrain is `agent drain --undo`: with coordination, the host permit held first (the
+// drain's own, or a free one taken again when an operator freed it with agent fleet
+// release meanwhile; refused, the drain record kept, while other hosts fill the group),
+// the drain record removed, every server of the plan applied (relaunched, ready,
+// settled, smoke-tested as the plan says), then the permit released, only once they all
+// serve.
 func (inv *invocation) undrain(ctx context.Context, store *state.Store) int {
 	p := inv.p
 	var servers []string
@@ -104,6 +119,19 @@ func (inv *invocation) undrain(ctx context.Context, store *state.Store) int {
 	}
 	if lock != nil {
 		defer lock.Release()
+	}
+	var c *coord.Client
+	if cfg := p.Agent.Coordination; cfg != nil {
+		c, err = inv.takeDrainPermit(ctx, "agent drain --undo by "+operator(),
+			"the host stays drained (its servers down, the drain record kept): run agent drain --undo again once it is released "+
+				"(agent status --fleet shows the holders; agent fleet release HOST PLAN frees a host that does not come back)")
+		if err != nil {
+			return inv.fail(err)
+		}
+		defer c.Close()
+		if err := c.UpdateHost(ctx, cfg.HostDisruptions.Group, func(hp *coord.HostPermit) { hp.State = coord.HostVerifying }); err != nil {
+			return inv.fail(err)
+		}
 	}
 	if err := drain.Remove(store.Dir()); err != nil {
 		return inv.fail(err)
@@ -126,11 +154,6 @@ func (inv *invocation) undrain(ctx context.Context, store *state.Store) int {
 		return inv.fail(errors.New("the servers do not all serve: the host keeps its host permit (if any); fix them and run agent drain --undo again"))
 	}
 	if cfg := p.Agent.Coordination; cfg != nil {
-		c, err := fleet.Open(cfg, inv.log, "")
-		if err != nil {
-			return inv.fail(err)
-		}
-		defer c.Close()
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := c.ReleaseHost(rctx, cfg.HostDisruptions.Group); err != nil {

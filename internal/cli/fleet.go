@@ -17,22 +17,108 @@ import (
 	"github.com/agent-dev/agent/plans"
 )
 
-// fleetRollouts are an apply's rollout permits when the plan joins a fleet (agent {
-// coordination }) and has rollout groups: the apply takes the same etcd permits as
-// `agent run` does, under a lease of its own that leave ends. Nil (nothing of etcd
-// touched) otherwise.
-func fleetRollouts(p *plans.Plan, store *state.Store, log *slog.Logger) (*agent.Rollouts, func(), error) {
-	if p.Agent.Coordination == nil || len(p.RolloutGroups()) == 0 {
-		return nil, func() {}, nil
+// applyFleet is an apply's part in the fleet when the plan joins one (agent {
+// coordination }): a lease of its own (the state directory's lease file, as agent run's;
+// ended by leave), the same etcd rollout permits as agent run when the plan has rollout
+// groups, and the driver kind's host gate attached: a driver replace takes the host
+// permit first, and waits (at most hostPermitWait, the holder named) while the group has
+// none free. A host permit is not bound to the lease: it outlives the apply, through the
+// reboot, until a run in another boot verified the host (finishHost).
+type applyFleet struct {
+	c        *coord.Client
+	permits  *fleet.Permits
+	rollouts *agent.Rollouts
+	gate     *fleet.HostGate
+	group    string
+}
+
+// hostPermitWait bounds an apply's wait for the fleet's host permit: an upgrade of the
+// host before it (a reboot and its servers' relaunch) takes minutes.
+const hostPermitWait = 30 * time.Minute
+
+// joinForApply joins the fleet for an apply; nil (nothing of etcd touched) without
+// coordination.
+func joinForApply(p *plans.Plan, store *state.Store, log *slog.Logger, gate *fleet.HostGate) (*applyFleet, error) {
+	cfg := p.Agent.Coordination
+	if cfg == nil {
+		return nil, nil
 	}
-	c, err := fleet.Open(p.Agent.Coordination, log, store.Dir())
+	c, err := fleet.Open(cfg, log, store.Dir())
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	permits := fleet.NewPermits(c, log)
-	r := agent.NewRollouts(store)
-	r.UseFleet(permits)
-	return r, func() { fleet.Leave(c, permits) }, nil
+	j := &applyFleet{c: c, gate: gate, group: cfg.HostDisruptions.Group}
+	if len(p.RolloutGroups()) > 0 {
+		j.permits = fleet.NewPermits(c, log)
+		j.rollouts = agent.NewRollouts(store)
+		j.rollouts.UseFleet(j.permits)
+	}
+	gate.Attach(c, p)
+	gate.WaitWhileHeld(hostPermitWait)
+	return j, nil
+}
+
+func (j *applyFleet) rolloutsOf() *agent.Rollouts {
+	if j == nil {
+		return nil
+	}
+	return j.rollouts
+}
+
+// leave ends the apply's part in the fleet (its host permit, if any, stays).
+func (j *applyFleet) leave() {
+	if j == nil {
+		return
+	}
+	j.gate.Attach(nil, nil)
+	fleet.Leave(j.c, j.permits)
+}
+
+// finishHost ends this host's disruption after an apply, as agent run does at its start
+// (fleet.FinishHost): in another boot than the one the host rebooted from, once the whole
+// plan applied and every resource observes healthy, the host permit is released, and
+// the apply says so (on stderr under --json: stdout is one document). A permit whose
+// reboot is still to come is named; one that cannot be released says why.
+func (inv *invocation) finishHost(ctx context.Context, eng *agent.Engine, rep *agent.Report) {
+	j := inv.fleet
+	if j == nil {
+		return
+	}
+	w := inv.stdout
+	if inv.o.json {
+		w = inv.stderr
+	}
+	verify := func(ctx context.Context, _ coord.HostPermit) error {
+		switch {
+		case len(inv.o.targets) > 0:
+			return errors.New("--target applied part of the plan; run agent apply without --target")
+		case rep.Failed():
+			return errors.New("the apply failed; fix it and run agent apply again")
+		}
+		return fleet.Verified(eng.Status(ctx))
+	}
+	// Most applies hold no host permit: one short read, so that an etcd down costs an
+	// apply seconds, not the verification's minutes.
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	held, err := j.c.MyHostPermit(qctx, j.group)
+	cancel()
+	if err != nil || held == nil {
+		if err != nil {
+			fmt.Fprintf(w, "Host permits of group %s not read: %s\n", j.group, inv.red.String(err.Error()))
+		}
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	released, pending, err := fleet.FinishHost(fctx, j.c, j.group, inv.bootID(), verify)
+	switch {
+	case released:
+		fmt.Fprintf(w, "Host permit of group %s released: this host runs in a new boot and every resource of the plan is verified.\n", j.group)
+	case err != nil:
+		fmt.Fprintf(w, "Host permit of group %s: %s\n", j.group, inv.red.String(err.Error()))
+	case pending != nil && pending.Cause != "drain":
+		fmt.Fprintf(w, "This host holds a host permit of group %s (%s): it is released after the reboot, once every resource is verified (by agent run or agent apply).\n", j.group, pending)
+	}
 }
 
 // fleetStatus is `agent status --fleet`: every host of the fleet, its resources' health

@@ -2,9 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/agent-dev/agent/internal/coord"
@@ -49,20 +46,5 @@ func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) 
 // converged and healthy; else which are not.
 func (d *Daemon) verified() error {
 	rep, _ := d.report()
-	if rep == nil || len(rep.Steps) == 0 {
-		return errors.New("the loop has not observed the plan yet")
-	}
-	var bad []string
-	for _, st := range rep.Steps {
-		switch {
-		case st.Err != nil:
-			bad = append(bad, fmt.Sprintf("%s: %v", st.Addr, st.Err))
-		case st.Status == nil || !st.Status.Healthy:
-			bad = append(bad, st.Addr+": not verified healthy yet")
-		}
-	}
-	if len(bad) > 0 {
-		return errors.New(strings.Join(bad, "; "))
-	}
-	return nil
+	return fleet.Verified(rep)
 }

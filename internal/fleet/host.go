@@ -2,12 +2,14 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -59,6 +61,28 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 	return true, nil, nil
 }
 
+// Verified is FinishHost's verdict on a report of every resource of the plan (agent
+// run's last steps, an apply's status after it applied): nil when each is converged and
+// healthy, else which are not and why.
+func Verified(rep *agent.Report) error {
+	if rep == nil || len(rep.Steps) == 0 {
+		return errors.New("the plan has not been observed yet")
+	}
+	var bad []string
+	for _, st := range rep.Steps {
+		switch {
+		case st.Err != nil:
+			bad = append(bad, fmt.Sprintf("%s: %v", st.Addr, st.Err))
+		case st.Status == nil || !st.Status.Healthy:
+			bad = append(bad, st.Addr+": not verified healthy yet")
+		}
+	}
+	if len(bad) > 0 {
+		return errors.New(strings.Join(bad, "; "))
+	}
+	return nil
+}
+
 // OpenCommand connects a command (agent drain) to the fleet with a lease of its own, not
 // agent run's (no lease file: Close revokes it, and a host permit does not live on it),
 // and waits up to wait for the lease to be live: a host permit is taken only under one.
@@ -93,6 +117,7 @@ type HostGate struct {
 	mu   sync.Mutex
 	c    *coord.Client
 	p    *plans.Plan
+	wait time.Duration // WaitWhileHeld's limit; 0: a refusal is returned at once
 }
 
 var _ resources.HostDisruption = (*HostGate)(nil)
@@ -111,27 +136,32 @@ func (g *HostGate) Attach(c *coord.Client, p *plans.Plan) {
 	g.c, g.p = c, p
 }
 
-func (g *HostGate) get() (*coord.Client, *plans.Plan) {
+func (g *HostGate) get() (*coord.Client, *plans.Plan, time.Duration) {
 	if g == nil {
-		return nil, nil
+		return nil, nil, 0
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.p == nil || g.p.Agent.Coordination == nil {
-		return nil, nil
+		return nil, nil, 0
 	}
-	return g.c, g.p
+	return g.c, g.p, g.wait
 }
 
-// Begin implements resources.HostDisruption: the host permit, at most 10 s of asking.
+// Begin implements resources.HostDisruption: the host permit, at most 10 s of asking;
+// after WaitWhileHeld, a refusal is waited out (awaitHost).
 func (g *HostGate) Begin(ctx context.Context, cause, detail string) error {
-	c, p := g.get()
+	c, p, wait := g.get()
 	if c == nil {
 		return nil
 	}
+	req := HostRequest(p, cause, detail, g.boot())
+	if wait > 0 {
+		return awaitHost(ctx, c, req, wait)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := c.TakeHost(ctx, HostRequest(p, cause, detail, g.boot()))
+	_, err := c.TakeHost(ctx, req)
 	return err
 }
 
@@ -141,7 +171,7 @@ func (g *HostGate) Rebooting(ctx context.Context, cause, detail, bootID string) 
 	if err := g.Begin(ctx, cause, detail); err != nil {
 		return err
 	}
-	c, p := g.get()
+	c, p, _ := g.get()
 	if c == nil {
 		return nil
 	}

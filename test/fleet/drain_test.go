@@ -19,19 +19,32 @@ import (
 // code and combined output.
 func (h *harness) agentCmd(x *host, args ...string) (int, string) {
 	h.t.Helper()
-	args = append(args, h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
-	cmd := exec.Command(h.agentBin, args...)
-	cmd.Env = append(os.Environ(), "HOME="+h.work)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	code, stdout, stderr := h.agentOut(x, args...)
+	return code, stdout + stderr
+}
+
+// agentOut is agentCmd with stdout and stderr apart (--json: stdout is the document).
+func (h *harness) agentOut(x *host, args ...string) (code int, stdout, stderr string) {
+	h.t.Helper()
+	cmd := h.agentExec(x, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
-	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
 		h.t.Fatal(err)
 	}
-	return code, out.String()
+	return code, out.String(), errOut.String()
+}
+
+// agentExec is the command `agent ARGS... PLAN -var-file --state-dir` as x (its
+// environment: AGENT_HOST_ROOT and the reboot hook under newUpgrade).
+func (h *harness) agentExec(x *host, args ...string) *exec.Cmd {
+	args = append(args, h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
+	cmd := exec.Command(h.agentBin, args...)
+	cmd.Env = append(append(os.Environ(), "HOME="+h.work), x.env...)
+	return cmd
 }
 
 // hostPermits reads the host permits' keys from etcd.
@@ -101,6 +114,67 @@ func TestDrainHoldsTheHostPermit(t *testing.T) {
 	}
 	if code, out = h.agentCmd(h2, "drain", "--undo"); code != 0 || !h2.serves() {
 		t.Fatalf("drain --undo h2: exit %d\n%s", code, out)
+	}
+	h.converged("0.80", time.Minute)
+}
+
+// agent drain --undo relaunches servers, so it holds the host permit too: its own
+// drain's, or a free one taken again when an operator freed it meanwhile. While other
+// hosts fill the group it is refused with the holder named and the fix, the host stays
+// drained (its drain record kept, agent run relaunching nothing), and it goes once the
+// holder released its permit.
+func TestDrainUndoRefusedWhileTheGroupIsFull(t *testing.T) {
+	h := newHarness(t, 1, 2, 2*time.Second, "1s")
+	h.deploy("0.80")
+	h1, h2 := h.hosts[0], h.hosts[1]
+	if code, out := h.agentCmd(h1, "drain", "--reason", "replace GPU 3"); code != 0 || h1.serves() {
+		t.Fatalf("drain h1: exit %d\n%s", code, out)
+	}
+	// An operator frees h1's permit (its board is out for repair), and h2 drains.
+	rel := exec.Command(h.agentBin, "fleet", "release", "h1", h.planDir, "-var-file", h2.varFile, "--reason", "board out for repair")
+	rel.Env = append(os.Environ(), "HOME="+h.work)
+	if out, err := rel.CombinedOutput(); err != nil {
+		t.Fatalf("agent fleet release h1: %v\n%s", err, out)
+	}
+	if code, out := h.agentCmd(h2, "drain", "--reason", "reseat the NVLink bridge"); code != 0 || h2.serves() {
+		t.Fatalf("drain h2 once h1's permit was freed: exit %d\n%s", code, out)
+	}
+
+	code, out := h.agentCmd(h1, "drain", "--undo")
+	if code != 1 || !strings.Contains(out, "refused: host group all: 1 of 1 host permits held: h2 drained since") ||
+		!strings.Contains(out, "reseat the NVLink bridge") || !strings.Contains(out, "the host stays drained") ||
+		!strings.Contains(out, "agent fleet release HOST PLAN") {
+		t.Fatalf("drain --undo h1 while h2 holds the group's permit: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(h1.state, "drained.json")); err != nil {
+		t.Fatalf("the refused undo removed h1's drain record: %v", err)
+	}
+	time.Sleep(5 * time.Second) // two of agent run's passes
+	if h1.serves() {
+		t.Fatalf("h1's server serves after a refused undo:\n%s", tail(h1.log(), 2000))
+	}
+	if ps := h.hostPermits(); len(ps) != 1 || !strings.Contains(ps[0], "/all/holders/h2 ") {
+		t.Fatalf("host permits after the refused undo: %q", ps)
+	}
+
+	if code, out := h.agentCmd(h2, "drain", "--undo"); code != 0 || !h2.serves() {
+		t.Fatalf("drain --undo h2: exit %d\n%s", code, out)
+	}
+	// The group has a permit free again: h1's undo takes it while it relaunches, and
+	// releases it once its server serves.
+	undo := h.agentStart(h1, "drain", "--undo")
+	held := false
+	for !undo.done() {
+		for _, p := range h.hostPermits() {
+			held = held || (strings.Contains(p, "/all/holders/h1 ") && strings.Contains(p, "agent drain --undo by "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out := undo.out(); undo.code() != 0 || !strings.Contains(out, "Undrained: 1 servers serve again.") || !h1.serves() || !held {
+		t.Fatalf("drain --undo h1 once the group has a permit free: exit %d, permit seen held %v\n%s", undo.code(), held, out)
+	}
+	if ps := h.hostPermits(); len(ps) != 0 {
+		t.Fatalf("host permits left: %q", ps)
 	}
 	h.converged("0.80", time.Minute)
 }
