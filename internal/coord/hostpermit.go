@@ -38,7 +38,7 @@ type HostPermit struct {
 	Cause  string `json:"cause"`
 	Detail string `json:"detail,omitempty"`
 	// State is where the disruption is: "stopping", "installing", "rebooting", "drained",
-	// "verifying".
+	// "verifying", or "failed" (a step failed: Failure says which).
 	State string `json:"state"`
 	// BootID is the boot the permit was taken in (RebootID, once the host recorded a
 	// reboot, the boot it rebooted from): a host released after a reboot only in another.
@@ -50,8 +50,21 @@ type HostPermit struct {
 	// Members are the host's servers by rollout group: each counts as down in its group
 	// while the permit is held.
 	Members map[string][]string `json:"members,omitempty"`
+	// Failure is the step of this disruption that failed, until the host is verified
+	// (it releases the permit) or an operator frees it: while it is set, the host group
+	// is stopped fleet-wide (no other host takes a permit). Nil when none failed.
+	Failure *HostFailure `json:"failure,omitempty"`
 	// Revision is the permit's create revision.
 	Revision int64 `json:"revision"`
+}
+
+// HostFailure is a failed step of a host disruption: the host, the step ("stop",
+// "install", "reboot", "verify"), the error quoted, when, and in which boot.
+type HostFailure struct {
+	Step   string    `json:"step"`
+	Error  string    `json:"error"`
+	At     time.Time `json:"at"`
+	BootID string    `json:"boot_id"`
 }
 
 // Host-permit states.
@@ -61,16 +74,41 @@ const (
 	HostRebooting  = "rebooting"
 	HostDrained    = "drained"
 	HostVerifying  = "verifying"
+	HostFailed     = "failed"
 )
 
+// HostStates are the states a host permit is written in (docs/schema's enum, with
+// "unreadable" for a permit that cannot be decoded).
+var HostStates = []string{HostStopping, HostInstalling, HostRebooting, HostDrained, HostVerifying, HostFailed}
+
+// The steps of a host disruption that can fail (HostFailure.Step).
+const (
+	StepStop    = "stop"    // stopping the host's servers (a driver change, agent drain)
+	StepInstall = "install" // the driver's installer or package
+	StepReboot  = "reboot"  // asking for the reboot
+	StepVerify  = "verify"  // after the reboot: the driver and every server verified
+)
+
+// HostSteps are the steps a failure names (docs/schema's enum).
+var HostSteps = []string{StepStop, StepInstall, StepReboot, StepVerify}
+
 func (p HostPermit) String() string {
-	s := fmt.Sprintf("%s %s since %s", p.Host, p.State, p.Since.Local().Format("15:04"))
 	what := p.Cause
 	if p.Detail != "" {
 		what = p.Detail
 	}
+	var s string
+	if f := p.Failure; f != nil {
+		// The failure first: it is what stops the group.
+		s = fmt.Sprintf("%s failed at %s: %q since %s", p.Host, f.Step, f.Error, f.At.Local().Format("15:04"))
+		if p.State != HostFailed {
+			what += "; now " + p.State
+		}
+	} else {
+		s = fmt.Sprintf("%s %s since %s", p.Host, p.State, p.Since.Local().Format("15:04"))
+	}
 	if what != "" {
-		s += " (" + what + ")"
+		s += " (" + strings.TrimPrefix(what, "; ") + ")"
 	}
 	return s
 }
@@ -89,13 +127,15 @@ type HostRequest struct {
 	Slots   map[string]int
 }
 
-// HostRefusal is TakeHost's "not now": the host group has no permit free (Holders hold
-// them), or a rollout group these servers belong to has members down elsewhere (Rollout,
-// Permits) or is stopped (Stop).
+// HostRefusal is TakeHost's "not now": the host group is stopped by a host whose
+// disruption failed (Failed), has no permit free (Holders hold them), or a rollout group
+// these servers belong to has members down elsewhere (Rollout, Permits) or is stopped
+// (Stop).
 type HostRefusal struct {
 	Group   string
 	Max     int
 	Holders []HostPermit
+	Failed  *HostPermit
 	Rollout string
 	Permits []Permit
 	Stop    *Stop
@@ -103,6 +143,10 @@ type HostRefusal struct {
 
 func (r *HostRefusal) Error() string {
 	switch {
+	case r.Failed != nil:
+		f := r.Failed
+		return fmt.Sprintf("host group %s is stopped: %s; fix %s (it resumes by itself once verified) or agent fleet release %s PLAN",
+			r.Group, f, f.Host, f.Host)
 	case r.Stop != nil:
 		return fmt.Sprintf("host disruption: rollout %s stopped: %s failed (host %s): %s", r.Rollout, r.Stop.Member, r.Stop.Host, r.Stop.Reason)
 	case r.Rollout != "":
@@ -152,6 +196,13 @@ func (c *Client) TakeHost(ctx context.Context, req HostRequest) (*HostPermit, er
 				return &p, nil
 			case strings.HasPrefix(k, c.hostBase()+req.Group+"/holders/"):
 				holders = append(holders, decodeHostPermit(kv))
+			}
+		}
+		for i := range holders {
+			if holders[i].Failure != nil {
+				// As a failed rollout member stops its group: whatever max_unavailable
+				// allows, no other host starts until that one is verified or freed.
+				return nil, &HostRefusal{Group: req.Group, Max: req.Max, Holders: holders, Failed: &holders[i]}
 			}
 		}
 		if len(holders) >= req.Max {
@@ -318,6 +369,25 @@ func (c *Client) UpdateHost(ctx context.Context, group string, change func(*Host
 		return fmt.Errorf("host %s: its host permit in group %s changed while it was written", c.cfg.Host, group)
 	}
 	return nil
+}
+
+// FailHost records in this host's permit in group that step of its disruption failed
+// with reason (the group stops fleet-wide until the host is verified and releases the
+// permit, or an operator frees it). The same step failing with the same reason again
+// writes nothing (recorded reports whether it wrote): a loop that retries does not
+// hammer etcd. A host that holds no permit has nothing to record. bootID is this boot's.
+func (c *Client) FailHost(ctx context.Context, group, step, reason, bootID string) (recorded bool, err error) {
+	p, err := c.MyHostPermit(ctx, group)
+	if err != nil || p == nil {
+		return false, err
+	}
+	if f := p.Failure; f != nil && f.Step == step && f.Error == reason && p.State == HostFailed {
+		return false, nil
+	}
+	err = c.UpdateHost(ctx, group, func(hp *HostPermit) {
+		hp.State, hp.Failure = HostFailed, &HostFailure{Step: step, Error: reason, At: time.Now().UTC(), BootID: bootID}
+	})
+	return err == nil, err
 }
 
 // ReleaseHost deletes this host's permit in group (done by the host once it is verified

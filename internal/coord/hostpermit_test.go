@@ -142,3 +142,95 @@ func TestHostDisruptionCountsAsServersDown(t *testing.T) {
 		t.Fatalf("after kpro7's server came back: %v", err)
 	}
 }
+
+// A step of kpro6's disruption fails: the host group stops fleet-wide (kpro7 is refused
+// although max_unavailable = 2 leaves room), with the host, the step and the quoted error;
+// the same failure again writes nothing; kpro6 itself resumes; the stop ends when kpro6
+// releases its permit (verified) or an operator frees it.
+func TestFailedHostStopsItsGroup(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	a := open(t, cl, "kpro6", MinLease)
+	b := open(t, cl, "kpro7", MinLease)
+	c := open(t, cl, "kpro8", MinLease)
+	two := func(boot string) HostRequest {
+		r := driverRequest(boot)
+		r.Max, r.Slots = 2, map[string]int{"qwen": 3}
+		return r
+	}
+	if rec, err := a.FailHost(ctx(t), "gpu-hosts", StepInstall, "x", "boot-1"); rec || err != nil {
+		t.Fatalf("a failure without a permit: recorded %v, %v", rec, err)
+	}
+	if _, err := a.TakeHost(ctx(t), two("boot-1")); err != nil {
+		t.Fatal(err)
+	}
+	const why = "installer failed: exit status 1; last lines:\nERROR: Unable to build the NVIDIA kernel module."
+	if rec, err := a.FailHost(ctx(t), "gpu-hosts", StepInstall, why, "boot-1"); !rec || err != nil {
+		t.Fatalf("record the failure: %v, %v", rec, err)
+	}
+	first, _ := a.MyHostPermit(ctx(t), "gpu-hosts")
+	if first.State != HostFailed || first.Failure == nil || first.Failure.Step != StepInstall || first.Failure.Error != why || first.Failure.BootID != "boot-1" {
+		t.Fatalf("failed permit %+v (failure %+v)", first, first.Failure)
+	}
+	// The loop retries and fails the same way: nothing written.
+	for range 3 {
+		if rec, err := a.FailHost(ctx(t), "gpu-hosts", StepInstall, why, "boot-1"); rec || err != nil {
+			t.Fatalf("the same failure again: recorded %v, %v", rec, err)
+		}
+	}
+	if again, _ := a.MyHostPermit(ctx(t), "gpu-hosts"); !again.Updated.Equal(first.Updated) || !again.Failure.At.Equal(first.Failure.At) {
+		t.Fatalf("the same failure rewrote the permit: %+v, was %+v", again, first)
+	}
+	stopped := func(who *Client, when, failure string) {
+		t.Helper()
+		_, err := who.TakeHost(ctx(t), two("b"))
+		var ref *HostRefusal
+		if !errors.As(err, &ref) || ref.Failed == nil || ref.Failed.Host != "kpro6" {
+			t.Fatalf("%s: %s's take: %v, want the group stopped by kpro6", when, who.Host(), err)
+		}
+		for _, want := range []string{"host group gpu-hosts is stopped: kpro6 failed at " + failure + " since ",
+			"fix kpro6 (it resumes by itself once verified) or agent fleet release kpro6 PLAN"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: refusal %q does not say %q", when, err, want)
+			}
+		}
+	}
+	stopped(b, "max_unavailable 2, one host failed", `install: "installer failed: exit status 1; last lines:\nERROR: Unable to build the NVIDIA kernel module."`)
+	// kpro6 resumes its own disruption (the operator fixed the installer): its permit.
+	if p, err := a.TakeHost(ctx(t), two("boot-1")); err != nil || p.Revision != first.Revision {
+		t.Fatalf("kpro6 resumes: %+v, %v", p, err)
+	}
+	// A new failure (another step, or another error) is recorded; a later step in
+	// progress keeps the failure until kpro6 is verified.
+	if rec, err := a.FailHost(ctx(t), "gpu-hosts", StepReboot, "systemctl reboot: exit status 1", "boot-1"); !rec || err != nil {
+		t.Fatalf("another failure: %v, %v", rec, err)
+	}
+	if err := a.UpdateHost(ctx(t), "gpu-hosts", func(p *HostPermit) { p.State, p.RebootID = HostRebooting, "boot-1" }); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := a.MyHostPermit(ctx(t), "gpu-hosts")
+	if s := p.String(); !strings.Contains(s, `kpro6 failed at reboot: "systemctl reboot: exit status 1" since`) || !strings.Contains(s, "now rebooting") {
+		t.Errorf("a failed permit that went on: %q", s)
+	}
+	stopped(c, "after kpro6 went on to its reboot", `reboot: "systemctl reboot: exit status 1"`)
+	// Verified: released, the group goes on.
+	if err := a.ReleaseHost(ctx(t), "gpu-hosts"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TakeHost(ctx(t), two("b")); err != nil {
+		t.Fatalf("kpro7 after kpro6 was verified: %v", err)
+	}
+	// kpro7 fails; an operator frees it: kpro8 goes on.
+	if _, err := b.FailHost(ctx(t), "gpu-hosts", StepStop, "server.qwen did not stop in 2s", "b"); err != nil {
+		t.Fatal(err)
+	}
+	stopped2, err := c.TakeHost(ctx(t), two("c"))
+	if err == nil || !strings.Contains(err.Error(), "kpro7 failed at stop") {
+		t.Fatalf("kpro8 while kpro7 failed: %+v, %v", stopped2, err)
+	}
+	if _, err := c.ForceReleaseHost(ctx(t), "kpro7", "alice@ops1", "servers stopped by hand"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TakeHost(ctx(t), two("c")); err != nil {
+		t.Fatalf("kpro8 after kpro7 was freed: %v", err)
+	}
+}
