@@ -108,6 +108,11 @@ type HostDisruption interface {
 	// from boot bootID, before the reboot is asked for: the permit is released at boot,
 	// in another boot, once the driver and the servers are verified.
 	Rebooting(ctx context.Context, cause, detail, bootID string) error
+	// Failed records in the permit that step ("stop", "install", "reboot") of the
+	// disruption failed with err: the host group stops fleet-wide (no other host
+	// begins) until this host is verified again or an operator frees its permit. A
+	// host that holds no permit records nothing; the same failure again writes nothing.
+	Failed(ctx context.Context, step string, err error) error
 }
 
 // HostRootEnv names the environment variable that moves the host's root for

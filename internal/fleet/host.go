@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -47,12 +48,18 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 	case p.RebootID != "" && p.RebootID == bootID:
 		return false, p, nil
 	}
-	if p.State != coord.HostVerifying {
+	if p.State != coord.HostVerifying && p.State != coord.HostFailed {
 		if err := c.UpdateHost(ctx, group, func(hp *coord.HostPermit) { hp.State = coord.HostVerifying }); err != nil {
 			return false, p, err
 		}
 	}
 	if err := verify(ctx, *p); err != nil {
+		var vf *VerifyFailure
+		if errors.As(err, &vf) && recordVerify(p, bootID) {
+			if _, ferr := c.FailHost(ctx, group, coord.StepVerify, vf.Err.Error(), bootID); ferr != nil {
+				err = fmt.Errorf("%w (and its failure is not recorded in etcd: %v)", err, ferr)
+			}
+		}
 		return false, p, fmt.Errorf("host %s keeps its host permit (%s): %w", c.Host(), p, err)
 	}
 	if err := c.ReleaseHost(ctx, group); err != nil {
@@ -64,23 +71,57 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 // Verified is FinishHost's verdict on a report of every resource of the plan (agent
 // run's last steps, an apply's status after it applied): nil when each is converged and
 // healthy, else which are not and why.
-func Verified(rep *agent.Report) error {
+func Verified(rep *agent.Report) error { return VerifiedBy(rep, nil) }
+
+// VerifiedBy is Verified where failed says of a step not verified whether it failed (it
+// will not verify without a fix), quoting it: any such step makes the verdict a
+// *VerifyFailure quoting them, which FinishHost records (the host group stops). failed
+// nil: none did, each is on its way.
+func VerifiedBy(rep *agent.Report, failed func(*agent.Step) (quote string, ok bool)) error {
 	if rep == nil || len(rep.Steps) == 0 {
 		return errors.New("the plan has not been observed yet")
 	}
-	var bad []string
+	var bad, failures []string
 	for _, st := range rep.Steps {
-		switch {
-		case st.Err != nil:
+		if st.Err == nil && st.Status != nil && st.Status.Healthy {
+			continue
+		}
+		if failed != nil {
+			if q, ok := failed(st); ok {
+				failures = append(failures, q)
+				continue
+			}
+		}
+		if st.Err != nil {
 			bad = append(bad, fmt.Sprintf("%s: %v", st.Addr, st.Err))
-		case st.Status == nil || !st.Status.Healthy:
+		} else {
 			bad = append(bad, st.Addr+": not verified healthy yet")
 		}
+	}
+	if len(failures) > 0 {
+		return &VerifyFailure{Err: errors.New(strings.Join(failures, "; "))}
 	}
 	if len(bad) > 0 {
 		return errors.New(strings.Join(bad, "; "))
 	}
 	return nil
+}
+
+// VerifyFailure is what FinishHost's verify returns for a host that will not verify
+// without a fix (a server failed to serve again, the driver is not the wanted one after
+// the reboot), as opposed to one still on its way (any other error): FinishHost records
+// it in the permit, which stops the host group fleet-wide until the host is verified.
+type VerifyFailure struct{ Err error }
+
+func (f *VerifyFailure) Error() string { return f.Err.Error() }
+func (f *VerifyFailure) Unwrap() error { return f.Err }
+
+// recordVerify reports whether a failed verify is recorded over p's failure: not over
+// the failure of an earlier step in this boot (an install that failed: what is left
+// unverified is its consequence, and the install says why).
+func recordVerify(p *coord.HostPermit, bootID string) bool {
+	f := p.Failure
+	return f == nil || f.Step == coord.StepVerify || f.BootID != bootID
 }
 
 // OpenCommand connects a command (agent drain) to the fleet with a lease of its own, not
@@ -163,6 +204,22 @@ func (g *HostGate) Begin(ctx context.Context, cause, detail string) error {
 	defer cancel()
 	_, err := c.TakeHost(ctx, req)
 	return err
+}
+
+// Failed implements resources.HostDisruption: the failed step recorded in this host's
+// permit (nothing without one), once per distinct error.
+func (g *HostGate) Failed(ctx context.Context, step string, err error) error {
+	if !slices.Contains(coord.HostSteps, step) {
+		return fmt.Errorf("host disruption: unknown step %q (want one of %s)", step, strings.Join(coord.HostSteps, ", "))
+	}
+	c, p, _ := g.get()
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, ferr := c.FailHost(ctx, p.Agent.Coordination.HostDisruptions.Group, step, err.Error(), g.boot())
+	return ferr
 }
 
 // Rebooting implements resources.HostDisruption: the permit (taken if need be) says

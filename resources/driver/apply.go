@@ -59,7 +59,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 				return err
 			}
 			if err := d.stopGPUUsers(ctx, env, det.obs); err != nil {
-				return err
+				return d.disruptionFailed(ctx, env, "stop", err)
 			}
 		}
 		note, err := d.install(ctx, env)
@@ -71,7 +71,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 			}
 		}
 		if err != nil {
-			return err
+			return d.disruptionFailed(ctx, env, "install", err)
 		}
 		// A fresh host: the installer may not have loaded the module; try once. A failure
 		// is not an error: the reboot below (or its warning) covers it.
@@ -142,7 +142,7 @@ func (d *Driver) Apply(ctx context.Context, env *agent.Env, diff *agent.Diff) er
 	}
 	env.Log.Warn("rebooting the host", "reason", rec.RebootRequested.Reason)
 	if out, err := d.host.Run.Run(ctx, resources.Command{Name: "systemctl", Args: []string{"reboot"}}); err != nil {
-		return fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, resources.TailLines(out, 5))
+		return d.disruptionFailed(ctx, env, "reboot", fmt.Errorf("reboot (%s): systemctl reboot: %w: %s", rec.RebootRequested.Reason, err, resources.TailLines(out, 5)))
 	}
 	return nil
 }
@@ -326,6 +326,20 @@ func (d *Driver) beginDisruption(ctx context.Context, loaded string) error {
 		return fmt.Errorf("driver %s: the fleet's host permit: %w", d.version, err)
 	}
 	return nil
+}
+
+// disruptionFailed records in the fleet's host permit (if this host holds one) that step
+// of the disruption failed with err, which stops the host group fleet-wide until this
+// host is verified again, and returns err. A step cut off by the agent's own shutdown
+// (the reboot stops it) is no failure.
+func (d *Driver) disruptionFailed(ctx context.Context, env *agent.Env, step string, err error) error {
+	if d.host.HostDisruption == nil || ctx.Err() != nil {
+		return err
+	}
+	if ferr := d.host.HostDisruption.Failed(ctx, step, err); ferr != nil {
+		env.Log.Warn("the host disruption's failure is not recorded in the fleet's host permit", "step", step, "error", ferr)
+	}
+	return err
 }
 
 // disruptionDetail is what a host permit says of this driver change.

@@ -17,10 +17,18 @@ import (
 
 // gateRecorder is a HostDisruption that records each call with the commands run before it.
 type gateRecorder struct {
-	mu     sync.Mutex
-	run    *fakeRunner
-	calls  []string
-	refuse error
+	mu       sync.Mutex
+	run      *fakeRunner
+	calls    []string
+	failures []string
+	refuse   error
+}
+
+func (g *gateRecorder) Failed(_ context.Context, step string, err error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.failures = append(g.failures, step+": "+err.Error())
+	return nil
 }
 
 func (g *gateRecorder) Begin(_ context.Context, cause, detail string) error {
@@ -145,5 +153,44 @@ func TestRestartedAgentAsksForTheMissedReboot(t *testing.T) {
 	st = oneStep(t, start("300@100").Apply(ctx, nil))
 	if got := run.ran(); len(got) != 3 || !hasString(st.Diff.Warnings, "the reboot did not help") {
 		t.Fatalf("commands %q, warnings %q after a reboot that did not help", got, st.Diff.Warnings)
+	}
+}
+
+// A driver replace whose installer fails records the failed step in the host permit (the
+// host group stops fleet-wide until this host is verified) and asks for no reboot; a
+// systemctl reboot that fails is recorded as the reboot step.
+func TestFailedStepsAreRecordedInTheHostPermit(t *testing.T) {
+	t.Parallel()
+	run := &fakeRunner{}
+	h := driverHost(t, tree570, run)
+	gate := &gateRecorder{run: run}
+	h.HostDisruption = gate
+	e := driverEngine(t, h, serveInstaller(t, h.Root, false, 1).plan(`  reboot = "allowed"
+`))
+	st := oneStep(t, e.Apply(context.Background(), nil))
+	if st.Err == nil || !strings.Contains(st.Err.Error(), "failed") {
+		t.Fatalf("apply with a failing installer: %v", st.Err)
+	}
+	if len(gate.failures) != 1 || !strings.HasPrefix(gate.failures[0], "install: ") || !strings.Contains(st.Err.Error(), strings.TrimPrefix(gate.failures[0], "install: ")) ||
+		!strings.Contains(gate.failures[0], "Unable to build the NVIDIA kernel module") {
+		t.Fatalf("failures recorded %q, want the install step quoting %q", gate.failures, st.Err)
+	}
+	if got := run.ran(); !slices.Equal(got, []string{"installer"}) || len(gate.calls) != 1 {
+		t.Fatalf("commands %q, host permit calls %q after a failed install", got, gate.calls)
+	}
+
+	run2 := &fakeRunner{handle: func(c resources.Command) ([]byte, error) {
+		if c.Name == "systemctl" {
+			return []byte("Failed to reboot: Access denied"), errors.New("exit status 1")
+		}
+		return nil, nil
+	}}
+	h2 := driverHost(t, tree570, run2)
+	gate2 := &gateRecorder{run: run2}
+	h2.HostDisruption = gate2
+	st = oneStep(t, driverEngine(t, h2, serveInstaller(t, h2.Root, false, 0).plan(`  reboot = "allowed"
+`)).Apply(context.Background(), nil))
+	if st.Err == nil || len(gate2.failures) != 1 || !strings.HasPrefix(gate2.failures[0], "reboot: ") || !strings.Contains(gate2.failures[0], "Access denied") {
+		t.Fatalf("a failed systemctl reboot: %v, failures recorded %q", st.Err, gate2.failures)
 	}
 }
