@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,7 +83,9 @@ func documents(t *testing.T) map[string][]byte {
 	}, Rollouts: []coord.Group{{Name: "qwen", Permits: []coord.Permit{{Group: "qwen", Host: "kpro5", Member: "server.qwen", State: coord.Disrupting, Action: "restart", Since: since, Revision: 812}},
 		Stop: &coord.Stop{Group: "qwen", Host: "kpro7", Member: "server.qwen", Reason: "exited: CUDA out of memory", Since: since}}},
 		HostPermits: []coord.HostPermit{{Group: "gpu-hosts", Host: "kpro6", Cause: "driver", Detail: "driver 580.95.05 → 590.48.01", State: coord.HostRebooting,
-			BootID: "b1", RebootID: "b1", Since: since, Updated: since, Members: map[string][]string{"qwen": {"server.qwen"}}, Revision: 815}}})
+			BootID: "b1", RebootID: "b1", Since: since, Updated: since, Members: map[string][]string{"qwen": {"server.qwen"}}, Revision: 815},
+			{Group: "gpu-hosts", Host: "kpro7", Cause: "driver", Detail: "driver 580.95.05 → 590.48.01", State: coord.HostFailed, BootID: "b2", Since: since, Updated: now,
+				Failure: &coord.HostFailure{Step: coord.StepInstall, Error: "installer failed: exit status 1", At: now, BootID: "b2"}, Revision: 820}}})
 	var fb bytes.Buffer
 	if err := view.WriteJSON(&fb, fl); err != nil {
 		t.Fatal(err)
@@ -197,6 +200,12 @@ func TestSchemaRefusesWrongDocuments(t *testing.T) {
 		{"fleet group without stopped", "status --fleet", func(d map[string]any) {
 			delete(d["fleet"].(map[string]any)["rollouts"].([]any)[0].(map[string]any), "stopped")
 		}},
+		{"host permit failure of an unknown step", "status --fleet", func(d map[string]any) {
+			d["fleet"].(map[string]any)["host_permits"].([]any)[1].(map[string]any)["failure"].(map[string]any)["step"] = "upgrade"
+		}},
+		{"host permit failure without its error", "status --fleet", func(d map[string]any) {
+			delete(d["fleet"].(map[string]any)["host_permits"].([]any)[1].(map[string]any)["failure"].(map[string]any), "error")
+		}},
 		{"unknown severity", "plan, invalid", func(d map[string]any) { d["diagnostics"].([]any)[0].(map[string]any)["severity"] = "fatal" }},
 	} {
 		var d map[string]any
@@ -267,6 +276,22 @@ func TestSchemaEnumsAreTheEngines(t *testing.T) {
 	}
 	if got := f.Defs.Fault.Properties["kind"].Enum; fmt.Sprint(got) != fmt.Sprint(gpu.FaultKinds) {
 		t.Errorf("$defs.fault.kind.enum = %q, want %q", got, gpu.FaultKinds)
+	}
+	var h struct {
+		Defs map[string]struct {
+			Properties map[string]struct {
+				Enum []string `json:"enum"`
+			} `json:"properties"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(OutputV3, &h); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := h.Defs["fleet_host_permit"].Properties["state"].Enum, append(slices.Clone(coord.HostStates), "unreadable"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("$defs.fleet_host_permit.state.enum = %q, want %q", got, want)
+	}
+	if got := h.Defs["fleet_host_failure"].Properties["step"].Enum; fmt.Sprint(got) != fmt.Sprint(coord.HostSteps) {
+		t.Errorf("$defs.fleet_host_failure.step.enum = %q, want %q", got, coord.HostSteps)
 	}
 	if !strings.Contains(string(OutputV3), `"format_version": { "const": `+strconv.Quote(view.FormatVersion)+` }`) {
 		t.Errorf("the schema is not the one of format_version %q", view.FormatVersion)

@@ -58,4 +58,16 @@ func TestWriteFleetHostPermits(t *testing.T) {
 	if !st.Degraded() {
 		t.Error("a fleet with a host under disruption is not degraded")
 	}
+	// Its install failed: the step, since when, the error quoted line by line, the stop.
+	st.HostPermits[0].State = coord.HostFailed
+	st.HostPermits[0].Failure = &coord.HostFailure{Step: coord.StepInstall, At: time.Date(2026, 12, 3, 10, 6, 0, 0, time.Local),
+		Error: "installer failed: exit status 1; last lines:\nERROR: Unable to build the NVIDIA kernel module."}
+	b.Reset()
+	writeFleet(&b, st, now)
+	want = "Hosts under disruption:\n  kpro6 failed at install since 10:06 (driver 580.95.05 → 590.48.01), permit held 12m (host group gpu-hosts; agent fleet release kpro6 frees it)\n" +
+		"    error: installer failed: exit status 1; last lines:\n           │ ERROR: Unable to build the NVIDIA kernel module.\n" +
+		"    host group gpu-hosts is stopped: no other host starts until kpro6 is verified (fix it: it resumes by itself) or freed\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("got\n%s\nwant it to hold\n%s", b.String(), want)
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/fleet"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/resources/registry"
 )
 
@@ -89,7 +90,11 @@ func writeHostPermits(w io.Writer, held []coord.HostPermit, now time.Time) {
 	}
 	fmt.Fprintln(w, "Hosts under disruption:")
 	for _, p := range held {
-		fmt.Fprintf(w, "  %s, permit held %s (host group %s; agent fleet release %s frees it)\n", p, heldFor(now.Sub(p.Since)), p.Group, p.Host)
+		fmt.Fprintf(w, "  %s, permit held %s (host group %s; agent fleet release %s frees it)\n", p.Headline(), heldFor(now.Sub(p.Since)), p.Group, p.Host)
+		if f := p.Failure; f != nil {
+			fmt.Fprintf(w, "    error: %s\n", view.Block{Text: f.Error, Indent: 11})
+			fmt.Fprintf(w, "    host group %s is stopped: no other host starts until %s is verified (fix it: it resumes by itself) or freed\n", p.Group, p.Host)
+		}
 	}
 }
 

@@ -93,6 +93,13 @@ const (
 var HostSteps = []string{StepStop, StepInstall, StepReboot, StepVerify}
 
 func (p HostPermit) String() string {
+	return p.line(true)
+}
+
+// Headline is String without a failure's error (which a view quotes apart).
+func (p HostPermit) Headline() string { return p.line(false) }
+
+func (p HostPermit) line(quote bool) string {
 	what := p.Cause
 	if p.Detail != "" {
 		what = p.Detail
@@ -100,7 +107,11 @@ func (p HostPermit) String() string {
 	var s string
 	if f := p.Failure; f != nil {
 		// The failure first: it is what stops the group.
-		s = fmt.Sprintf("%s failed at %s: %q since %s", p.Host, f.Step, f.Error, f.At.Local().Format("15:04"))
+		s = fmt.Sprintf("%s failed at %s", p.Host, f.Step)
+		if quote {
+			s += fmt.Sprintf(": %q", f.Error)
+		}
+		s += " since " + f.At.Local().Format("15:04")
 		if p.State != HostFailed {
 			what += "; now " + p.State
 		}

@@ -94,3 +94,99 @@ func TestHostGateTakesAndRecordsTheReboot(t *testing.T) {
 		t.Fatalf("kpro7's gate: %v", err)
 	}
 }
+
+// After its reboot a host whose server does not serve again (verify says VerifyFailure)
+// records the verify step in its permit, once per distinct error, and stops the group
+// although max_unavailable would let kpro7 start; a verify still on its way (any other
+// error) records nothing; once verified the permit is released and the group goes on.
+func TestFinishHostRecordsAFailedVerify(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	a := client(t, cl, "kpro6", false)
+	b := client(t, cl, "kpro7", false)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	two := hostPlan()
+	two.Agent.Coordination.HostDisruptions.MaxUnavailable = 2
+	if _, err := a.TakeHost(ctx, HostRequest(two, "driver", "driver 580.95.05 → 590.48.01", "boot-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.UpdateHost(ctx, "gpu-hosts", func(p *coord.HostPermit) { p.State, p.RebootID = coord.HostRebooting, "boot-1" }); err != nil {
+		t.Fatal(err)
+	}
+	finish := func(verr error) error {
+		t.Helper()
+		released, _, err := FinishHost(ctx, a, "gpu-hosts", "boot-2", func(context.Context, coord.HostPermit) error { return verr })
+		if released {
+			t.Fatalf("released while verify says %v", verr)
+		}
+		return err
+	}
+	// On its way: not a failure.
+	finish(errors.New("server.qwen: not verified healthy yet"))
+	if p, _ := a.MyHostPermit(ctx, "gpu-hosts"); p.Failure != nil || p.State != coord.HostVerifying {
+		t.Fatalf("a verify on its way recorded %+v", p)
+	}
+	if _, err := b.TakeHost(ctx, HostRequest(two, "drain", "", "x")); err != nil {
+		t.Fatalf("kpro7 while kpro6 verifies (room for two): %v", err)
+	}
+	if err := b.ReleaseHost(ctx, "gpu-hosts"); err != nil {
+		t.Fatal(err)
+	}
+	failed := &VerifyFailure{Err: errors.New("server.qwen: exited with status 1 before it was ready: CUDA error: no CUDA-capable device is detected")}
+	if err := finish(failed); err == nil || !strings.Contains(err.Error(), "no CUDA-capable device") {
+		t.Fatalf("failed verify: %v", err)
+	}
+	p, _ := a.MyHostPermit(ctx, "gpu-hosts")
+	if p.State != coord.HostFailed || p.Failure == nil || p.Failure.Step != coord.StepVerify || p.Failure.BootID != "boot-2" || p.Failure.Error != failed.Err.Error() {
+		t.Fatalf("kpro6's permit after a failed verify: %+v (failure %+v)", p, p.Failure)
+	}
+	// Asked again every pass: the same failure is not written again.
+	finish(failed)
+	if again, _ := a.MyHostPermit(ctx, "gpu-hosts"); !again.Updated.Equal(p.Updated) {
+		t.Fatalf("the same failed verify rewrote the permit (updated %s, was %s)", again.Updated, p.Updated)
+	}
+	if _, err := b.TakeHost(ctx, HostRequest(two, "drain", "", "x")); err == nil || !strings.Contains(err.Error(), `kpro6 failed at verify: "server.qwen: exited`) {
+		t.Fatalf("kpro7 while kpro6 failed: %v", err)
+	}
+	released, _, err := FinishHost(ctx, a, "gpu-hosts", "boot-2", func(context.Context, coord.HostPermit) error { return nil })
+	if err != nil || !released {
+		t.Fatalf("verified: released %v, %v", released, err)
+	}
+	if _, err := b.TakeHost(ctx, HostRequest(two, "drain", "", "x")); err != nil {
+		t.Fatalf("kpro7 after kpro6 was verified: %v", err)
+	}
+}
+
+// A verify that fails after an earlier step of the same boot failed (the install) keeps
+// that step as the cause: what is left unverified is its consequence.
+func TestFinishHostKeepsTheEarlierStepsFailure(t *testing.T) {
+	cl := etcdtest.Start(t, 1, etcdtest.Options{})
+	a := client(t, cl, "kpro6", false)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := NewHostGate(func() string { return "boot-1" })
+	g.Attach(a, hostPlan())
+	if err := g.Failed(ctx, "install", errors.New("no permit, nothing recorded")); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Begin(ctx, "driver", "driver 580.95.05 → 590.48.01"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Failed(ctx, "upgrade", errors.New("x")); err == nil || !strings.Contains(err.Error(), `unknown step "upgrade"`) {
+		t.Fatalf("an unknown step: %v", err)
+	}
+	if err := g.Failed(ctx, "install", errors.New("installer failed: exit status 1")); err != nil {
+		t.Fatal(err)
+	}
+	// The agent restarts in the same boot: its verify fails for the same cause.
+	_, _, err := FinishHost(ctx, a, "gpu-hosts", "boot-1", func(context.Context, coord.HostPermit) error {
+		return &VerifyFailure{Err: errors.New("nvidia_driver.host: installer failed: exit status 1")}
+	})
+	if err == nil {
+		t.Fatal("a failed verify released the permit")
+	}
+	p, _ := a.MyHostPermit(ctx, "gpu-hosts")
+	if p.Failure == nil || p.Failure.Step != coord.StepInstall || p.State != coord.HostFailed || p.Failure.Error != "installer failed: exit status 1" {
+		t.Fatalf("permit %+v (failure %+v): the install's failure was not kept", p, p.Failure)
+	}
+}
