@@ -2,10 +2,14 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"time"
 
+	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
 	"github.com/agent-dev/agent/internal/fleet"
+	"github.com/agent-dev/agent/internal/view"
 )
 
 // finishHost ends, at the agent's start, the host disruption this host recorded (a driver
@@ -43,8 +47,42 @@ func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) 
 }
 
 // verified reports, from the loop's last steps, whether every resource of the plan is
-// converged and healthy; else which are not.
+// converged and healthy; else which are not, as a *fleet.VerifyFailure when one of them
+// failed (FinishHost records it: the host group stops fleet-wide).
 func (d *Daemon) verified() error {
-	rep, _ := d.report()
-	return fleet.Verified(rep)
+	rep, p := d.report()
+	var secrets []string
+	if p != nil {
+		secrets = p.Secrets()
+	}
+	return hostVerdict(rep, view.NewRedactor(secrets))
+}
+
+// hostVerdict is verified's judgement of a report (fleet.VerifiedBy): a resource whose
+// step failed (not a wait: a server that exited or was not ready by its timeout, a
+// driver whose check failed), or that converged with nothing left to do but says why it
+// is not healthy (a driver still not the wanted one after the reboot), fails the host's
+// verification; one not verified yet is on its way. The failure's text is stable from
+// pass to pass (a backoff's countdown left out), so that it is recorded once; red
+// redacts it.
+func hostVerdict(rep *agent.Report, red *view.Redactor) error {
+	return fleet.VerifiedBy(rep, func(st *agent.Step) (string, bool) {
+		var w *WaitingError
+		switch {
+		case st.Err != nil && (waits(st.Err) || errors.As(st.Err, &w)):
+			return "", false
+		case st.Err != nil:
+			msg := st.Err.Error()
+			if _, last, ok := strings.Cut(msg, "last error: "); ok && errors.Is(st.Err, ErrBackoff) {
+				msg = last
+			}
+			if !strings.HasPrefix(msg, st.Addr) {
+				msg = st.Addr + ": " + msg
+			}
+			return red.String(msg), true
+		case st.Diff != nil && st.Diff.Action == agent.NoOp && len(st.Diff.Warnings) > 0 && st.Status != nil:
+			return red.String(st.Addr + ": " + st.Status.Summary), true
+		}
+		return "", false
+	})
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
 )
@@ -218,7 +219,8 @@ func (g *HostGate) Failed(ctx context.Context, step string, err error) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, ferr := c.FailHost(ctx, p.Agent.Coordination.HostDisruptions.Group, step, err.Error(), g.boot())
+	// The error is read fleet-wide: a plan's secret in it (an installer URL's token) is not.
+	_, ferr := c.FailHost(ctx, p.Agent.Coordination.HostDisruptions.Group, step, view.NewRedactor(p.Secrets()).String(err.Error()), g.boot())
 	return ferr
 }
 
