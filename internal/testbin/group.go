@@ -25,7 +25,8 @@ type GroupServer struct {
 	Env     string // FAKE_SGLANG (the fake's faults); "" sets no env
 	Settle  string // ready.settle, e.g. "1s"
 	LogDir  string
-	Group   string // rollout.group, max_unavailable = 1
+	Group   string // rollout.group
+	Max     int    // rollout.max_unavailable; 0 is 1
 }
 
 // HCL is the block.
@@ -60,10 +61,10 @@ server %q {
   log_dir = %s
   rollout {
     group           = %q
-    max_unavailable = 1
+    max_unavailable = %d
   }
 }
-`, s.Port, s.Settle, s.LogDir, s.Group)
+`, s.Port, s.Settle, s.LogDir, s.Group, max(s.Max, 1))
 	return b.String()
 }
 

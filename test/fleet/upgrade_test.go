@@ -40,18 +40,22 @@ type upgrade struct {
 	// killFirst: the first host to ask for its reboot has its agent SIGKILLed instead
 	// (between the reboot's record and the reboot) and started again in the same boot.
 	killFirst bool
+	// max is host_disruptions' max_unavailable (and the server's rollout group's).
+	max int
 }
 
 // newUpgrade is a fleet of n hosts on driver driverOld; deploy starts it.
 func newUpgrade(t *testing.T, n int) *upgrade {
 	t.Helper()
-	u := &upgrade{harness: newHarness(t, 1, n, 2*time.Second, "1s"), installers: map[string]string{}, sums: map[string]string{}}
+	u := &upgrade{harness: newHarness(t, 1, n, 2*time.Second, "1s"), installers: map[string]string{}, sums: map[string]string{}, max: 1}
 	mux := http.NewServeMux()
 	for _, v := range []string{driverOld, driverNew} {
 		// A fake NVIDIA .run: installs libnvidia-ml.so.V under the agent's host root;
-		// the module loads at the next boot (the reboot hook).
+		// the module loads at the next boot (the reboot hook). It fails on a host whose
+		// root has an install-fails file beside it.
 		script := fmt.Appendf(nil, `#!/bin/sh
-for a in "$@"; do case "$a" in --log-file-name=*) echo "installing %[1]s" > "${a#--log-file-name=}" ;; esac; done
+for a in "$@"; do case "$a" in --log-file-name=*) log="${a#--log-file-name=}"; echo "installing %[1]s" > "$log" ;; esac; done
+if [ -e "$AGENT_HOST_ROOT/../install-fails" ]; then echo "ERROR: Unable to build the NVIDIA kernel module." >> "$log"; exit 1; fi
 lib="$AGENT_HOST_ROOT/usr/lib/x86_64-linux-gnu"
 : > "$lib/libnvidia-ml.so.%[1]s"
 ln -sfn "libnvidia-ml.so.%[1]s" "$lib/libnvidia-ml.so.1"
@@ -136,7 +140,7 @@ func (u *upgrade) goDown(x *host) {
 }
 
 // writePlan writes the shared plan: the driver at version (reboot = "allowed") and the
-// server, with coordination and host_disruptions { max_unavailable = 1 }.
+// server, with coordination and host_disruptions { max_unavailable = u.max }.
 func (u *upgrade) writePlan(version string) {
 	u.t.Helper()
 	src := fmt.Sprintf(`variable "fake" {}
@@ -155,7 +159,7 @@ agent {
     lease  = "%ds"
     name   = var.host
     host_disruptions {
-      max_unavailable = 1
+      max_unavailable = %d
     }
   }
 }
@@ -168,8 +172,8 @@ nvidia_driver "host" {
   }
   reboot = "allowed"
 }
-`, prefix, int(u.lease/time.Second), version, u.installers[version], u.sums[version]) + testbin.GroupServer{Name: "qwen", Command: "var.fake", Port: "var.port",
-		Mem: `"0.80"`, Settle: u.settle, LogDir: "var.logs", Group: "qwen", Env: strconv.Quote("slow-start=1s")}.HCL()
+`, prefix, int(u.lease/time.Second), u.max, version, u.installers[version], u.sums[version]) + testbin.GroupServer{Name: "qwen", Command: "var.fake", Port: "var.port",
+		Mem: `"0.80"`, Settle: u.settle, LogDir: "var.logs", Group: "qwen", Max: u.max, Env: strconv.Quote("slow-start=1s")}.HCL()
 	tmp := filepath.Join(u.work, "plan.hcl.tmp")
 	if err := os.WriteFile(tmp, []byte(src), 0o644); err != nil {
 		u.t.Fatal(err)
