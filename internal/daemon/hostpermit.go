@@ -23,6 +23,7 @@ func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) 
 	if d.cfg.BootID != nil {
 		boot = d.cfg.BootID()
 	}
+	told := ""
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		released, pending, err := fleet.FinishHost(rctx, c, group, boot, func(context.Context, coord.HostPermit) error { return d.verified() })
@@ -36,6 +37,13 @@ func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) 
 				d.log.Info("host permit kept", "permit", pending.String(), "why", "a drain (agent drain --undo ends it) or a reboot still to come")
 			}
 			return
+		}
+		var vf *fleet.VerifyFailure
+		if errors.As(err, &vf) && vf.Error() != told {
+			// Once per distinct failure: the loop asks again every interval.
+			told = vf.Error()
+			d.log.Error("host disruption failed at verify: the host group is stopped fleet-wide until this host is verified or agent fleet release frees it",
+				"group", group, "error", vf.Err)
 		}
 		d.log.Debug("host permit not released yet", "error", err)
 		select {
