@@ -14,8 +14,9 @@ import (
 
 // At boot, agent run finds the host permit its host recorded before rebooting: kept in
 // the boot it rebooted from (the reboot has not happened), kept while a resource is not
-// verified, released once every resource is, in the new boot. A second host is refused
-// with kpro6 named until then.
+// verified (one that fails records the failed verify in the permit, once, which stops
+// the host group), released once every resource is, in the new boot. A second host is
+// refused with kpro6 named until then.
 func TestBootReleasesTheHostPermitOnceVerified(t *testing.T) {
 	cl := etcdtest.Start(t, 1, etcdtest.Options{})
 	open := func(host string) *coord.Client {
@@ -88,22 +89,31 @@ mark "a" {
 	}
 	h.cancel()
 
-	// After the reboot, a resource failing: kept, kpro7 refused with kpro6 named.
+	// After the reboot, a resource failing: kept, its verification failed (recorded once
+	// however often the loop asks again), kpro7 refused with the failure named, even
+	// with room for two.
 	boot.Store("boot-2")
 	h = startTuned(t, plan(true), 500*time.Millisecond, tune)
+	waitFor(t, "the failed verify recorded", func() bool { p := held(); return p != nil && p.Failure != nil })
+	first := held()
 	time.Sleep(3 * time.Second)
-	if p := held(); p == nil || p.State != coord.HostVerifying {
-		t.Fatalf("kpro6's permit while mark.a fails: %+v\n%s", p, h.log.String())
+	p := held()
+	if p == nil || p.State != coord.HostFailed || p.Failure.Step != coord.StepVerify || !strings.Contains(p.Failure.Error, "mark.a") || !p.Updated.Equal(first.Updated) {
+		t.Fatalf("kpro6's permit while mark.a fails: %+v (failure %+v, first written %s)\n%s", p, p.Failure, first.Updated, h.log.String())
 	}
-	if _, err := kpro7.TakeHost(ctx, coord.HostRequest{Group: "gpu-hosts", Max: 1, Cause: "drain"}); err == nil || !strings.Contains(err.Error(), "kpro6 verifying since") {
-		t.Fatalf("kpro7 while kpro6 is not verified: %v", err)
+	if n := strings.Count(h.log.String(), "host disruption failed at verify: the host group is stopped"); n != 1 {
+		t.Errorf("the failed verify is logged %d times, want once:\n%s", n, h.log.String())
+	}
+	if _, err := kpro7.TakeHost(ctx, coord.HostRequest{Group: "gpu-hosts", Max: 2, Cause: "drain"}); err == nil || !strings.Contains(err.Error(), "host group gpu-hosts is stopped: kpro6 failed at verify: ") {
+		t.Fatalf("kpro7 while kpro6's verification failed: %v", err)
 	}
 	// Fixed: verified, released.
 	h.write(t, plan(false))
 	waitFor(t, "the permit released once verified", func() bool { return held() == nil })
-	if !strings.Contains(h.log.String(), "host disruption over: driver and servers verified, host permit released") {
-		t.Errorf("the release is not logged:\n%s", h.log.String())
-	}
+	// Logged once etcd answered the release: the test may read etcd first.
+	waitFor(t, "the release logged", func() bool {
+		return strings.Contains(h.log.String(), "host disruption over: driver and servers verified, host permit released")
+	})
 	if _, err := kpro7.TakeHost(ctx, coord.HostRequest{Group: "gpu-hosts", Max: 1, Cause: "drain"}); err != nil {
 		t.Fatalf("kpro7 after kpro6's release: %v", err)
 	}
