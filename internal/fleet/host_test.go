@@ -190,3 +190,17 @@ func TestFinishHostKeepsTheEarlierStepsFailure(t *testing.T) {
 		t.Fatalf("permit %+v (failure %+v): the install's failure was not kept", p, p.Failure)
 	}
 }
+
+// A waiting agent apply says what stops the group when a host failed: the host, the
+// step and the quoted error, not only that it holds a permit.
+func TestWaitingForAStoppedGroupQuotesTheFailure(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 3, 10, 4, 0, 0, time.Local)
+	failed := coord.HostPermit{Group: "gpu-hosts", Host: "kpro6", Cause: "driver", Detail: "driver 580.95.05 → 590.48.01", State: coord.HostFailed, Since: at,
+		Failure: &coord.HostFailure{Step: coord.StepInstall, Error: "installer failed: exit status 1", At: at}}
+	got := WaitingFor(&coord.HostRefusal{Group: "gpu-hosts", Max: 2, Holders: []coord.HostPermit{failed}, Failed: &failed})
+	want := `waiting for a host permit in group gpu-hosts: host group gpu-hosts is stopped: kpro6 failed at install: "installer failed: exit status 1" since 10:04 (driver 580.95.05 → 590.48.01); fix kpro6 (it resumes by itself once verified) or agent fleet release kpro6 PLAN`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}

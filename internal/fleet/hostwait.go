@@ -99,6 +99,9 @@ func awaitHost(ctx context.Context, c *coord.Client, req coord.HostRequest, limi
 // disrupts them: "waiting for a host permit in group gpu-hosts: held by kpro6 (driver
 // 570.172.08 → 580.95.05, rebooting since 10:04)".
 func WaitingFor(r *coord.HostRefusal) string {
+	if r.Failed != nil { // the group stopped: the host, the step and the error quoted
+		return fmt.Sprintf("waiting for a host permit in group %s: %v", r.Group, r)
+	}
 	if r.Rollout != "" || r.Stop != nil {
 		return fmt.Sprintf("waiting for a host permit in group %s: %s", r.Group, strings.TrimPrefix(r.Error(), "host disruption: "))
 	}
