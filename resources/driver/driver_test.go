@@ -673,7 +673,10 @@ func TestDriverStopsGPUServersFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			h := driverHost(t, tree570, &fakeRunner{})
+			run := &fakeRunner{}
+			h := driverHost(t, tree570, run)
+			gate := &gateRecorder{run: run} // the host permit: a failed stop is recorded in it
+			h.HostDisruption = gate
 			in := serveInstaller(t, h.Root, true, 0)
 			obs := &fixedGPU{info: nvmlInfo("570.172.08", true, true)}
 			obs.info.GPUs[0].Processes = []gpu.Process{{PID: 4242, UsedMemory: 20 << 30}, {PID: 999, UsedMemory: 1 << 30}}
@@ -706,8 +709,11 @@ func TestDriverStopsGPUServersFirst(t *testing.T) {
 				if ranInstaller == nil {
 					t.Error("the installer ran over GPUs in use")
 				}
-			} else if err != nil || ranInstaller != nil {
-				t.Fatalf("apply: %v (installer ran: %v)", err, ranInstaller == nil)
+				if len(gate.failures) != 1 || !strings.HasPrefix(gate.failures[0], "stop: ") || !strings.Contains(gate.failures[0], tc.wantErr) {
+					t.Errorf("failures recorded in the host permit %q, want the stop step quoting %q", gate.failures, tc.wantErr)
+				}
+			} else if err != nil || ranInstaller != nil || len(gate.failures) != 0 {
+				t.Fatalf("apply: %v (installer ran: %v, failures recorded %q)", err, ranInstaller == nil, gate.failures)
 			}
 			if tc.hook && (len(s.called) != 1 || !slices.Equal(s.called[0], []int{999, 4242}) || s.reason != "nvidia_driver.host: driver 570.172.08 → 580.95.05") {
 				t.Errorf("hook calls %v, reason %q", s.called, s.reason)
