@@ -164,6 +164,9 @@ type Daemon struct {
 	// rollouts are the rollout groups' permits, shared by every engine of the loop (one
 	// per accepted plan) so that a reload never forgets a disruption in flight.
 	rollouts *agent.Rollouts
+	// published is poked (never blocking) whenever publish refreshed what the loop shows:
+	// a host permit's release asks again then (finishHost), not an interval later.
+	published chan struct{}
 }
 
 // resState is what the loop knows of one resource, carried across reloads by address.
@@ -225,7 +228,8 @@ func (rs *resState) stopWatch() {
 // Run runs the loop until ctx ends or SIGTERM/SIGINT arrives. It fails at once when the
 // first plan is invalid (there is no last good plan to keep).
 func Run(ctx context.Context, cfg Config) error {
-	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue(), memory: cfg.Engine.Memory}
+	d := &Daemon{cfg: cfg, log: cfg.Log, notify: newNotifier(cfg.Notify), res: map[string]*resState{}, queue: newWorkQueue(), memory: cfg.Engine.Memory,
+		published: make(chan struct{}, 1)}
 	if d.memory == nil {
 		d.memory = agent.NewMemory()
 	}

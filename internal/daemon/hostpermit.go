@@ -16,7 +16,8 @@ import (
 // upgrade and its reboot): in another boot than the one it rebooted from, once every
 // resource of the plan is verified (the driver loaded at its version, each server ready,
 // settled and smoke-tested by the loop's own passes), the host permit is released. It
-// asks again every interval until then; a drain (agent drain --undo ends it), a reboot not
+// asks again whenever a step settles (at most once a second) and every interval; a
+// drain (agent drain --undo ends it), a reboot not
 // yet happened, or no permit at all end it at once.
 func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) {
 	boot := ""
@@ -25,6 +26,7 @@ func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) 
 	}
 	told := ""
 	for {
+		tried := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		released, pending, err := fleet.FinishHost(rctx, c, group, boot, func(context.Context, coord.HostPermit) error { return d.verified() })
 		cancel()
@@ -46,10 +48,32 @@ func (d *Daemon) finishHost(ctx context.Context, c *coord.Client, group string) 
 				"group", group, "error", vf.Err)
 		}
 		d.log.Debug("host permit not released yet", "error", err)
+		if !d.awaitSettled(ctx, tried) {
+			return
+		}
+	}
+}
+
+// awaitSettled waits until a step of the loop settles (publish), but no sooner than a
+// second after tried, or an interval at most: the host permit is released as soon as the
+// last server serves (it waited up to a whole interval, 30 s by default, per host of a
+// rolling upgrade), and etcd is asked at most once a second. false: ctx ended.
+func (d *Daemon) awaitSettled(ctx context.Context, tried time.Time) bool {
+	interval := time.NewTimer(d.resync())
+	defer interval.Stop()
+	var soon <-chan time.Time
+	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(d.resync()):
+			return false
+		case <-interval.C:
+			return true
+		case <-soon:
+			return true
+		case <-d.published:
+			if soon == nil {
+				soon = time.After(time.Until(tried.Add(time.Second)))
+			}
 		}
 	}
 }

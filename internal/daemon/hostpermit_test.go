@@ -91,9 +91,10 @@ mark "a" {
 
 	// After the reboot, a resource failing: kept, its verification failed (recorded once
 	// however often the loop asks again), kpro7 refused with the failure named, even
-	// with room for two.
+	// with room for two. The interval is long: the permit is asked about again as the
+	// loop's steps settle, not an interval later.
 	boot.Store("boot-2")
-	h = startTuned(t, plan(true), 500*time.Millisecond, tune)
+	h = startTuned(t, plan(true), 20*time.Second, tune)
 	waitFor(t, "the failed verify recorded", func() bool { p := held(); return p != nil && p.Failure != nil })
 	first := held()
 	time.Sleep(3 * time.Second)
@@ -107,9 +108,13 @@ mark "a" {
 	if _, err := kpro7.TakeHost(ctx, coord.HostRequest{Group: "gpu-hosts", Max: 2, Cause: "drain"}); err == nil || !strings.Contains(err.Error(), "host group gpu-hosts is stopped: kpro6 failed at verify: ") {
 		t.Fatalf("kpro7 while kpro6's verification failed: %v", err)
 	}
-	// Fixed: verified, released.
+	// Fixed: verified, released at once (not at the next interval, 20 s).
+	fixed := time.Now()
 	h.write(t, plan(false))
 	waitFor(t, "the permit released once verified", func() bool { return held() == nil })
+	if d := time.Since(fixed); d > 8*time.Second {
+		t.Errorf("the permit was released %s after the fix, want within a few seconds of the resource verified (the interval is 20 s)", d.Round(100*time.Millisecond))
+	}
 	// Logged once etcd answered the release: the test may read etcd first.
 	waitFor(t, "the release logged", func() bool {
 		return strings.Contains(h.log.String(), "host disruption over: driver and servers verified, host permit released")

@@ -94,6 +94,12 @@ func (d *Daemon) republish() {
 // their status series and the STATUS= line (sent when it changed). Its cost is the
 // changed resources', whatever the plan's size.
 func (d *Daemon) publish(changed ...string) {
+	defer func() {
+		select {
+		case d.published <- struct{}{}:
+		default:
+		}
+	}()
 	d.mu.Lock()
 	type update struct {
 		addr    string
