@@ -5,7 +5,10 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"maps"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -79,4 +82,54 @@ func funcName(fd *ast.FuncDecl) string {
 		return id.Name + "." + fd.Name.Name
 	}
 	return fd.Name.Name
+}
+
+// One room per kind (issue 36): a kind's package (resources/<kind>/) imports no other
+// kind's, and resources/ itself, what they all share, imports none; only the registry
+// (which wires them) and the kinds' tests may. A kind asks another through the
+// interfaces of resources/peers.go.
+func TestNoKindImportsAnother(t *testing.T) {
+	t.Parallel()
+	const module = "github.com/agent-dev/agent/"
+	ents, err := os.ReadDir("resources")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]bool{}
+	for _, e := range ents {
+		if e.IsDir() && e.Name() != "registry" && e.Name() != "restest" {
+			kinds[module+"resources/"+e.Name()] = true
+		}
+	}
+	if len(kinds) < 5 {
+		t.Fatalf("found kinds %v under resources/: is the test running at the repository's root?", kinds)
+	}
+	fset := token.NewFileSet()
+	checked := 0
+	for _, dir := range append([]string{"resources"}, slices.Sorted(maps.Keys(kinds))...) {
+		dir = strings.TrimPrefix(dir, module)
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range files {
+			if strings.HasSuffix(p, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, p, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked++
+			for _, imp := range f.Imports {
+				path := strings.Trim(imp.Path.Value, `"`)
+				if kinds[path] && path != module+dir {
+					t.Errorf("%s imports the kind %s: ask it through an interface of resources/peers.go (the registry wires them)", p, path)
+				}
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("checked %d files", checked)
+	}
 }
