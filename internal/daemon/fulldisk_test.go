@@ -62,7 +62,14 @@ func fullDiskCase(t *testing.T, full string) {
 	})
 	// Several tries with the disk full: none stops the server, none grows a backoff.
 	time.Sleep(6 * time.Second)
+	// The loop tries again every second, and /status shows a try in flight as what
+	// happens now, without the last error: a read that lands on a try (6 s after the
+	// first refusal, in step with the tries, it did once) looks again.
 	r := statusOf(t, base, "server.qwen")
+	for end := time.Now().Add(3 * time.Second); r.Error == "" && time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
+		r = statusOf(t, base, "server.qwen")
+	}
 	t.Logf("with the disk full: %s", r.Error)
 	if !strings.Contains(r.Error, "less than the") || !strings.Contains(r.Error, fullFS) {
 		t.Errorf("the refusal does not say which directory is full: %q", r.Error)
