@@ -277,8 +277,9 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		saved, planPath = f, f.Source.Path
 	}
 
-	// The driver kind asks the fleet's host permit through the gate; only apply attaches
-	// it (applyFleet), so the other commands ask nothing.
+	// The driver kind asks the fleet's host permit through the gate; only apply (applyFleet)
+	// and drain (to record a failed step in the permit it took) attach it, so the other
+	// commands ask nothing.
 	m := resources.HostFromEnv(os.Getenv)
 	gate := fleet.NewHostGate(m.BootID)
 	m.HostDisruption = gate
@@ -492,8 +493,7 @@ func (inv *invocation) apply(ctx context.Context, eng *agent.Engine) int {
 		rep = eng.Apply(ctx, onEvent)
 	}
 	inv.show(rep, inv.human.ApplySummary)
-	inv.finishHost(ctx, eng, rep)
-	if rep.Failed() {
+	if inv.finishHost(ctx, eng, rep) || rep.Failed() {
 		return ExitError
 	}
 	return ExitOK

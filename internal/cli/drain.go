@@ -62,10 +62,24 @@ func (inv *invocation) drain(ctx context.Context, store *state.Store) int {
 		err = stop()
 	}
 	if err != nil {
-		return inv.fail(fmt.Errorf("drained, but not every server stopped: %w; run agent drain again, or agent drain --undo", err))
+		// As a driver change's failed stop: recorded in the permit (what failed, not
+		// this command's advice), it stops the host group fleet-wide (agent status
+		// --fleet names it) until this host is undrained or its drain, retried, stops
+		// them all.
+		ferr := inv.gate.Failed(ctx, coord.StepStop, fmt.Errorf("not every server stopped: %w", err))
+		err = fmt.Errorf("drained, but not every server stopped: %w; run agent drain again, or agent drain --undo", err)
+		if ferr != nil {
+			err = fmt.Errorf("%w (and the failure is not recorded in its host permit: %v)", err, ferr)
+		}
+		return inv.fail(err)
 	}
 	if c != nil {
-		if err := c.UpdateHost(ctx, rec.Group, func(hp *coord.HostPermit) { hp.State = coord.HostDrained }); err != nil {
+		if err := c.UpdateHost(ctx, rec.Group, func(hp *coord.HostPermit) {
+			hp.State = coord.HostDrained
+			if hp.Failure != nil && hp.Failure.Step == coord.StepStop {
+				hp.Failure = nil // an earlier drain's stop failed; this one stopped them all
+			}
+		}); err != nil {
 			return inv.fail(err)
 		}
 	}
@@ -96,6 +110,7 @@ func (inv *invocation) takeDrainPermit(ctx context.Context, detail, after string
 		c.Close()
 		return nil, err
 	}
+	inv.gate.Attach(c, inv.p) // a failed step is recorded in the permit through it
 	return c, nil
 }
 
@@ -151,7 +166,16 @@ func (inv *invocation) undrain(ctx context.Context, store *state.Store) int {
 		}
 	}
 	if rep != nil && rep.Failed() {
-		return inv.fail(errors.New("the servers do not all serve: the host keeps its host permit (if any); fix them and run agent drain --undo again"))
+		err := errors.New("the servers do not all serve: the host keeps its host permit (if any); fix them and run agent drain --undo again")
+		// A relaunch that failed fails the host's verification, as after a driver
+		// change's reboot: recorded in the permit, it stops the host group.
+		var vf *fleet.VerifyFailure
+		if verr := fleet.Judge(rep, inv.red, nil); errors.As(verr, &vf) {
+			if ferr := inv.gate.Failed(ctx, coord.StepVerify, vf.Err); ferr != nil {
+				err = fmt.Errorf("%w (and the failure is not recorded in its host permit: %v)", err, ferr)
+			}
+		}
+		return inv.fail(err)
 	}
 	if cfg := p.Agent.Coordination; cfg != nil {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -78,24 +78,42 @@ func (j *applyFleet) leave() {
 // (fleet.FinishHost): in another boot than the one the host rebooted from, once the whole
 // plan applied and every resource observes healthy, the host permit is released, and
 // the apply says so (on stderr under --json: stdout is one document). A permit whose
-// reboot is still to come is named; one that cannot be released says why.
-func (inv *invocation) finishHost(ctx context.Context, eng *agent.Engine, rep *agent.Report) {
+// reboot is still to come is named; one that cannot be released says why. failed: the
+// host's verification failed (recorded in the permit: the host group is stopped), which
+// fails the apply.
+func (inv *invocation) finishHost(ctx context.Context, eng *agent.Engine, rep *agent.Report) (failed bool) {
 	j := inv.fleet
 	if j == nil {
-		return
+		return false
 	}
 	w := inv.stdout
 	if inv.o.json {
 		w = inv.stderr
 	}
+	// The apply's own failure (a server that did not serve again, a driver whose check
+	// failed) fails the host's verification as it does under agent run: recorded in the
+	// permit, it stops the host group fleet-wide until this host is verified or freed.
 	verify := func(ctx context.Context, _ coord.HostPermit) error {
 		switch {
 		case len(inv.o.targets) > 0:
 			return errors.New("--target applied part of the plan; run agent apply without --target")
 		case rep.Failed():
-			return errors.New("the apply failed; fix it and run agent apply again")
+			return fleet.Judge(rep, inv.red, nil)
 		}
-		return fleet.Verified(eng.Status(ctx))
+		// The status after the apply, each step with the apply's diff (a status reads no
+		// diff): a driver the reboot did not help converged with nothing left to do and
+		// says why in its warnings, a failure, not a resource still on its way.
+		applied := map[string]*agent.Diff{}
+		for _, a := range rep.Steps {
+			applied[a.Addr] = a.Diff
+		}
+		st := eng.Status(ctx)
+		for _, s := range st.Steps {
+			if s.Diff == nil {
+				s.Diff = applied[s.Addr]
+			}
+		}
+		return fleet.Judge(st, inv.red, nil)
 	}
 	// Most applies hold no host permit: one short read, so that an etcd down costs an
 	// apply seconds, not the verification's minutes.
@@ -106,7 +124,7 @@ func (inv *invocation) finishHost(ctx context.Context, eng *agent.Engine, rep *a
 		if err != nil {
 			fmt.Fprintf(w, "Host permits of group %s not read: %s\n", j.group, inv.red.String(err.Error()))
 		}
-		return
+		return false
 	}
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -114,11 +132,16 @@ func (inv *invocation) finishHost(ctx context.Context, eng *agent.Engine, rep *a
 	switch {
 	case released:
 		fmt.Fprintf(w, "Host permit of group %s released: this host runs in a new boot and every resource of the plan is verified.\n", j.group)
+	case errors.As(err, new(*fleet.VerifyFailure)):
+		fmt.Fprintf(w, "Host permit of group %s: %s; recorded in it, this stops the host group fleet-wide until this host is verified "+
+			"(fix it and run agent apply again) or freed (agent fleet release %s %s)\n", j.group, inv.red.String(err.Error()), j.c.Host(), inv.planArg)
+		return true
 	case err != nil:
 		fmt.Fprintf(w, "Host permit of group %s: %s\n", j.group, inv.red.String(err.Error()))
 	case pending != nil && pending.Cause != "drain":
 		fmt.Fprintf(w, "This host holds a host permit of group %s (%s): it is released after the reboot, once every resource is verified (by agent run or agent apply).\n", j.group, pending)
 	}
+	return false
 }
 
 // fleetStatus is `agent status --fleet`: every host of the fleet, its resources' health

@@ -90,30 +90,18 @@ func (d *Daemon) verified() error {
 	return hostVerdict(rep, view.NewRedactor(secrets))
 }
 
-// hostVerdict is verified's judgement of a report (fleet.VerifiedBy): a resource whose
-// step failed (not a wait: a server that exited or was not ready by its timeout, a
-// driver whose check failed), or that converged with nothing left to do but says why it
-// is not healthy (a driver still not the wanted one after the reboot), fails the host's
-// verification; one not verified yet is on its way. The failure's text is stable from
-// pass to pass (a backoff's countdown left out), so that it is recorded once; red
-// redacts it.
+// hostVerdict is verified's judgement of a report (fleet.Judge): beside the waits of
+// any caller, a dependency on its way (a WaitingError) is not a failure, and a backoff
+// is quoted by its last error, without its countdown, so that the same failure is
+// recorded once; red redacts it.
 func hostVerdict(rep *agent.Report, red *view.Redactor) error {
-	return fleet.VerifiedBy(rep, func(st *agent.Step) (string, bool) {
+	return fleet.Judge(rep, red, func(err error) (string, bool) {
 		var w *WaitingError
-		switch {
-		case st.Err != nil && (waits(st.Err) || errors.As(st.Err, &w)):
-			return "", false
-		case st.Err != nil:
-			msg := st.Err.Error()
-			if _, last, ok := strings.Cut(msg, "last error: "); ok && errors.Is(st.Err, ErrBackoff) {
-				msg = last
-			}
-			if !strings.HasPrefix(msg, st.Addr) {
-				msg = st.Addr + ": " + msg
-			}
-			return red.String(msg), true
-		case st.Diff != nil && st.Diff.Action == agent.NoOp && len(st.Diff.Warnings) > 0 && st.Status != nil:
-			return red.String(st.Addr + ": " + st.Status.Summary), true
+		if errors.As(err, &w) {
+			return "", true
+		}
+		if _, last, ok := strings.Cut(err.Error(), "last error: "); ok && errors.Is(err, ErrBackoff) {
+			return last, false
 		}
 		return "", false
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agent-dev/agent/agent"
 	"github.com/agent-dev/agent/internal/coord"
+	"github.com/agent-dev/agent/internal/drain"
 	"github.com/agent-dev/agent/internal/view"
 	"github.com/agent-dev/agent/plans"
 	"github.com/agent-dev/agent/resources"
@@ -69,16 +70,21 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 	return true, nil, nil
 }
 
-// Verified is FinishHost's verdict on a report of every resource of the plan (agent
-// run's last steps, an apply's status after it applied): nil when each is converged and
-// healthy, else which are not and why.
-func Verified(rep *agent.Report) error { return VerifiedBy(rep, nil) }
-
-// VerifiedBy is Verified where failed says of a step not verified whether it failed (it
-// will not verify without a fix), quoting it: any such step makes the verdict a
-// *VerifyFailure quoting them, which FinishHost records (the host group stops). failed
-// nil: none did, each is on its way.
-func VerifiedBy(rep *agent.Report, failed func(*agent.Step) (quote string, ok bool)) error {
+// Judge is a host's verification verdict (what FinishHost's verify returns) on a report
+// of every resource of its plan: agent run's last steps, an apply's report or its status
+// after. nil when each is converged and healthy. A resource whose step failed, or that
+// converged with nothing left to do but says why it is not healthy (a driver still not
+// the wanted one after the reboot), fails the verification: a *VerifyFailure quoting
+// each distinct failure once, redacted by red (it is read fleet-wide), which FinishHost
+// records and which stops the host group. Anything else not verified (a server still
+// starting, a wait for a rollout or host permit, the host drained) is on its way: a plain
+// error naming it.
+//
+// quote, when not nil, says more of a step's error: that it is a wait of the caller's
+// own (agent run's dependency waits), or the stable text to quote (a backoff's last
+// error without its countdown, so that the same failure reads the same at every pass);
+// "" quotes the error itself.
+func Judge(rep *agent.Report, red *view.Redactor, quote func(error) (text string, wait bool)) error {
 	if rep == nil || len(rep.Steps) == 0 {
 		return errors.New("the plan has not been observed yet")
 	}
@@ -87,15 +93,29 @@ func VerifiedBy(rep *agent.Report, failed func(*agent.Step) (quote string, ok bo
 		if st.Err == nil && st.Status != nil && st.Status.Healthy {
 			continue
 		}
-		if failed != nil {
-			if q, ok := failed(st); ok {
-				failures = append(failures, q)
-				continue
-			}
+		var text string
+		wait := st.Err != nil && waits(st.Err)
+		if st.Err != nil && !wait && quote != nil {
+			text, wait = quote(st.Err)
 		}
-		if st.Err != nil {
-			bad = append(bad, fmt.Sprintf("%s: %v", st.Addr, st.Err))
-		} else {
+		switch {
+		case st.Err != nil && !wait:
+			if text == "" {
+				text = st.Err.Error()
+			}
+			if !strings.HasPrefix(text, st.Addr) {
+				text = st.Addr + ": " + text
+			}
+			if q := red.String(text); !slices.Contains(failures, q) {
+				failures = append(failures, q)
+			}
+		case st.Err == nil && st.Diff != nil && st.Diff.Action == agent.NoOp && len(st.Diff.Warnings) > 0 && st.Status != nil:
+			if q := red.String(st.Addr + ": " + st.Status.Summary); !slices.Contains(failures, q) {
+				failures = append(failures, q)
+			}
+		case st.Err != nil:
+			bad = append(bad, red.String(fmt.Sprintf("%s: %v", st.Addr, st.Err)))
+		default:
 			bad = append(bad, st.Addr+": not verified healthy yet")
 		}
 	}
@@ -106,6 +126,13 @@ func VerifiedBy(rep *agent.Report, failed func(*agent.Step) (quote string, ok bo
 		return errors.New(strings.Join(bad, "; "))
 	}
 	return nil
+}
+
+// waits reports whether err is a "not now" of any caller: the rollout group is at
+// max_unavailable, the host is drained, or the host group's permits are held elsewhere.
+func waits(err error) bool {
+	var hr *coord.HostRefusal
+	return agent.IsRolloutWait(err) || errors.Is(err, drain.ErrDrained) || errors.As(err, &hr)
 }
 
 // VerifyFailure is what FinishHost's verify returns for a host that will not verify

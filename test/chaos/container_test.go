@@ -31,7 +31,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"github.com/agent-dev/agent/internal/testbin"
 	"maps"
 	"os"
 	"path/filepath"
@@ -44,6 +43,7 @@ import (
 
 	"github.com/agent-dev/agent/internal/incus"
 	"github.com/agent-dev/agent/internal/incus/incustest"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // incusd is the private Incus daemon of this test binary (only TestChaosContainer uses it).

@@ -3,6 +3,8 @@ package fleet_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -217,5 +219,92 @@ func TestDrainWithoutCoordination(t *testing.T) {
 	}
 	if code, out := run("plan"); code != 0 {
 		t.Errorf("plan after the undo: exit %d\n%s", code, out)
+	}
+}
+
+// hostFailure is the failure recorded in x's host permit, as JSON ("" none), x's being the
+// only host permit held.
+func (h *harness) hostFailure(x *host) string {
+	h.t.Helper()
+	ps := h.hostPermits()
+	if len(ps) != 1 || !strings.Contains(ps[0], "/all/holders/"+x.name+" ") {
+		h.t.Fatalf("host permits (want %s's alone): %q", x.name, ps)
+	}
+	_, f, _ := strings.Cut(ps[0], `"failure":`)
+	return f
+}
+
+// A drain whose stop fails records the failure in its host permit, as a driver change's
+// failed stop does: the host group stops fleet-wide (another host's drain is refused with
+// the failure named, agent status --fleet shows it and exits 3). The drain retried, once
+// the cause is gone (here h1's server record, unreadable, is put back), stops the server
+// and clears its stop failure. An undo whose relaunch fails records the failed
+// verification; once the cause is gone, the undo relaunches and releases the permit.
+func TestDrainWhoseStopFailsStopsTheHostGroup(t *testing.T) {
+	h := newHarness(t, 1, 2, 2*time.Second, "1s")
+	h.writePlan("0.80")
+	h1, h2 := h.hosts[0], h.hosts[1]
+	for _, x := range h.hosts {
+		if code, out := h.agentCmd(x, "apply"); code != 0 || !x.serves() {
+			t.Fatalf("apply %s: exit %d\n%s", x.name, code, out)
+		}
+	}
+	record := filepath.Join(h1.state, "resources", "server.qwen.json")
+	good, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(record, []byte(`{"pid": `), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out := h.agentCmd(h1, "drain", "--reason", "replace GPU 3")
+	if code != 1 || !strings.Contains(out, "drained, but not every server stopped: ") || !h1.serves() {
+		t.Fatalf("drain h1 with its server record unreadable: exit %d, serves %v\n%s", code, h1.serves(), out)
+	}
+	if f := h.hostFailure(h1); !strings.Contains(f, `"step":"stop"`) || !strings.Contains(f, "server.qwen") {
+		t.Fatalf("h1's permit does not record the failed stop: %s", h.hostPermits()[0])
+	}
+	code, out = h.agentCmd(h2, "drain")
+	if code != 1 || !strings.Contains(out, "host group all is stopped: h1 failed at stop") || !h2.serves() {
+		t.Fatalf("drain h2 while h1's stop failed: exit %d\n%s", code, out)
+	}
+	cmd := exec.Command(h.agentBin, "status", "--fleet", h.planDir, "-var-file", h2.varFile)
+	var st bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &st, &st
+	err = cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 || !strings.Contains(st.String(), "h1 failed at stop since ") {
+		t.Errorf("status --fleet while h1's stop failed: %v\n%s", err, st.String())
+	}
+
+	if err := os.WriteFile(record, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out = h.agentCmd(h1, "drain", "--reason", "replace GPU 3")
+	if code != 0 || !strings.Contains(out, "Drained: 1 servers stopped and verified gone") || h1.serves() {
+		t.Fatalf("drain h1 again: exit %d, serves %v\n%s", code, h1.serves(), out)
+	}
+	if f := h.hostFailure(h1); f != "" || !strings.Contains(h.hostPermits()[0], `"state":"drained"`) {
+		t.Fatalf("h1's permit after its drain stopped the server: %s", h.hostPermits()[0])
+	}
+
+	// An undo whose relaunch fails (h1's port held by another process) fails the host's
+	// verification: recorded, the group stays stopped; freed, the undo serves and releases.
+	squat, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", h1.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out = h.agentCmd(h1, "drain", "--undo")
+	if code != 1 || !strings.Contains(out, "the servers do not all serve: the host keeps its host permit") || h1.serves() {
+		t.Fatalf("drain --undo h1 with its port held: exit %d\n%s", code, out)
+	}
+	if f := h.hostFailure(h1); !strings.Contains(f, `"step":"verify"`) || !strings.Contains(f, "server.qwen: ") {
+		t.Fatalf("h1's permit does not record its failed relaunch: %s", h.hostPermits()[0])
+	}
+	squat.Close()
+	if code, out = h.agentCmd(h1, "drain", "--undo"); code != 0 || !h1.serves() {
+		t.Fatalf("drain --undo h1: exit %d\n%s", code, out)
+	}
+	if ps := h.hostPermits(); len(ps) != 0 {
+		t.Fatalf("h1's permit after its undo: %q", ps)
 	}
 }
