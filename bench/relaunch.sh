@@ -5,14 +5,14 @@
 #   cold, warm-up on   the weights evicted (posix_fadvise DONTNEED) before the change
 #   cold, warm-up off  the same with warm { enabled = false }
 #   warm               the weights already in the page cache, warm-up on
-# The serving gap is measured from outside: /health sampled every 50 ms, from the last 200
+# The serving gap is measured from outside: /health sampled every SAMPLE_MS (50) ms, from the last 200
 # of the old generation to the first 200 of the new. Prints the medians, the ratios to the
 # warm case (goal: cold with warm-up within 1.2×) and what a warm-up on warm weights read
 # (goal: under 1 % of the bytes).
-# Usage: bench/relaunch.sh   (env RUNS=3, MIB=2048, SHARDS=4; needs Go and python3)
+# Usage: bench/relaunch.sh   (env RUNS=3, MIB=2048, SHARDS=4, SAMPLE_MS=50; needs Go and python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${RUNS:-3} mib=${MIB:-2048} shards=${SHARDS:-4}
+runs=${RUNS:-3} mib=${MIB:-2048} shards=${SHARDS:-4} sample_ms=${SAMPLE_MS:-50}
 work=$(mktemp -d /var/tmp/agent-bench-relaunch.XXXXXX) # on disk: a tmpfs is never evicted
 . bench/lib.sh
 sampler=""
@@ -55,9 +55,10 @@ HCL
 agent() { "$work/agent" "$@" --state-dir "$work/state"; }
 
 # The sampler: one line per probe, "MS OK" (OK 1 for a 200).
-python3 - "$port" >"$work/samples" <<'PY' &
+python3 - "$port" "$sample_ms" >"$work/samples" <<'PY' &
 import sys, time, urllib.request
 url = "http://127.0.0.1:%s/health" % sys.argv[1]
+every = int(sys.argv[2]) / 1000
 while True:
     t = time.time()
     try:
@@ -65,7 +66,7 @@ while True:
     except Exception:
         ok = False
     print(int(t * 1000), int(ok), flush=True)
-    time.sleep(max(0, 0.05 - (time.time() - t)))
+    time.sleep(max(0, every - (time.time() - t)))
 PY
 sampler=$!
 

@@ -14,7 +14,8 @@
 # (the killed host left out) and the most hosts down at once (the goal: never above 1).
 # The suite runs one round: test/fleet TestDriverUpgradeOneHostAtATime is its short
 # version (it prints the same lines and fails when two hosts are down at once).
-# Usage: bench/upgrade.sh [ROUNDS]   (needs Go and etcd: sh scripts/install-etcd.sh)
+# Usage: bench/upgrade.sh [ROUNDS]   (as root: each host has its own UTS and mount
+# namespaces; needs Go and etcd: sh scripts/install-etcd.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}

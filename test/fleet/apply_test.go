@@ -59,8 +59,7 @@ func (h *harness) agentStart(x *host, args ...string) *background {
 	h.t.Helper()
 	b := &background{exited: make(chan struct{})}
 	cmd := h.agentExec(x, args...)
-	cmd.Stdout, cmd.Stderr = b, b
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdout, cmd.Stderr = b, b // in a process group of its own (agentExec)
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)
 	}

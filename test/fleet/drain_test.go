@@ -41,12 +41,9 @@ func (h *harness) agentOut(x *host, args ...string) (code int, stdout, stderr st
 }
 
 // agentExec is the command `agent ARGS... PLAN -var-file --state-dir` as x (its
-// environment: AGENT_HOST_ROOT and the reboot hook under newUpgrade).
+// environment: AGENT_HOST_ROOT and the reboot hook, and its namespaces, under newUpgrade).
 func (h *harness) agentExec(x *host, args ...string) *exec.Cmd {
-	args = append(args, h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
-	cmd := exec.Command(h.agentBin, args...)
-	cmd.Env = append(append(os.Environ(), "HOME="+h.work), x.env...)
-	return cmd
+	return h.command(x, append(args, h.planDir, "-var-file", x.varFile, "--state-dir", h.hostPath(x, x.state))...)
 }
 
 // hostPermits reads the host permits' keys from etcd.

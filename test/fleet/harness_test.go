@@ -45,6 +45,7 @@ type harness struct {
 	lease             time.Duration
 	lastWhy           string
 	settle            string
+	nsMount           string // where each host's directory is mounted in its namespaces ("" none: hostNamespaces)
 }
 
 type host struct {
@@ -165,10 +166,8 @@ func (h *harness) start(x *host) {
 		h.t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(h.agentBin, "run", h.planDir, "-var-file", x.varFile, "--state-dir", x.state)
-	cmd.Env = append(append(os.Environ(), "HOME="+h.work), x.env...)
+	cmd := h.command(x, "run", h.planDir, "-var-file", x.varFile, "--state-dir", h.hostPath(x, x.state))
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)
 	}

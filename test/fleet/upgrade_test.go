@@ -31,7 +31,9 @@ const (
 // test's reboot hook: it marks the host as rebooting and hangs, as a host going down
 // does; the test then kills the agent and its server, writes a new boot id and the
 // installed driver as loaded into the root, and starts the agent again after a pause
-// longer than the lease.
+// longer than the lease. Each host's agent runs in its own UTS and mount namespaces
+// (hostNamespaces): its fleet name is its hostname, its root and state directory the
+// same paths as the other hosts'.
 type upgrade struct {
 	*harness
 	installers map[string]string // version → the .run's URL
@@ -48,6 +50,7 @@ type upgrade struct {
 func newUpgrade(t *testing.T, n int) *upgrade {
 	t.Helper()
 	u := &upgrade{harness: newHarness(t, 1, n, 2*time.Second, "1s"), installers: map[string]string{}, sums: map[string]string{}, max: 1}
+	u.hostNamespaces()
 	mux := http.NewServeMux()
 	for _, v := range []string{driverOld, driverNew} {
 		// A fake NVIDIA .run: installs libnvidia-ml.so.V under the agent's host root;
@@ -93,7 +96,7 @@ exit 0
 		if err := os.Symlink("libnvidia-ml.so."+driverOld, filepath.Join(lib, "libnvidia-ml.so.1")); err != nil {
 			t.Fatal(err)
 		}
-		x.env = []string{"AGENT_HOST_ROOT=" + root, "AGENT_HOST_RUNNER=" + runner}
+		x.env = []string{"AGENT_HOST_ROOT=" + u.hostPath(x, root), "AGENT_HOST_RUNNER=" + runner}
 	}
 	return u
 }
@@ -140,7 +143,8 @@ func (u *upgrade) goDown(x *host) {
 }
 
 // writePlan writes the shared plan: the driver at version (reboot = "allowed") and the
-// server, with coordination and host_disruptions { max_unavailable = u.max }.
+// server, with coordination (no name: each host's hostname) and host_disruptions {
+// max_unavailable = u.max }.
 func (u *upgrade) writePlan(version string) {
 	u.t.Helper()
 	src := fmt.Sprintf(`variable "fake" {}
@@ -157,7 +161,6 @@ agent {
     etcd   = var.etcd
     prefix = %q
     lease  = "%ds"
-    name   = var.host
     host_disruptions {
       max_unavailable = %d
     }
