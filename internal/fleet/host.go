@@ -54,6 +54,7 @@ func FinishHost(ctx context.Context, c *coord.Client, group, bootID string, veri
 		if err := c.UpdateHost(ctx, group, func(hp *coord.HostPermit) { hp.State = coord.HostVerifying }); err != nil {
 			return false, p, err
 		}
+		p.State = coord.HostVerifying // as written: what a failure below names
 	}
 	if err := verify(ctx, *p); err != nil {
 		var vf *VerifyFailure

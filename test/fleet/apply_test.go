@@ -171,7 +171,7 @@ func TestApplyRecordsAFailedVerification(t *testing.T) {
 	if f := u.hostFailure(h2); !strings.Contains(f, `"step":"verify"`) || !strings.Contains(f, "nvidia_driver.host: ") {
 		t.Fatalf("h2's permit does not record its failed verification: %s", u.hostPermits()[0])
 	}
-	want := "Host permit of group all: host h2 keeps its host permit (h2 rebooting since "
+	want := "Host permit of group all: host h2 keeps its host permit (h2 verifying since "
 	if n := strings.Count(stderr, want); n != 1 || strings.Count(stderr, "the reboot did not help") != 1 ||
 		!strings.Contains(stderr, "this stops the host group fleet-wide until this host is verified") || strings.Contains(stdout, "Host permit") {
 		t.Errorf("apply --json says %d times on stderr %q (want once, the driver's failure quoted once, stdout the document alone):\n%s", n, want, stderr)
