@@ -2,7 +2,11 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,11 +32,11 @@ func TestWatchNoticesAServerDyingInAContainer(t *testing.T) {
 	eng := h.engine(true)
 	watched := make(chan error, 1)
 	go func() { watched <- eng.Watch(ctx, "server.qwen") }()
-	select {
-	case err := <-watched:
-		t.Fatalf("the watch returned while the server runs: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	// The watch's setup asks Incus (the place's lifecycle), and this incusd answers an
+	// instance list after ~30 s now and then right after a launch (1 run in 4 here, also
+	// unloaded; the suite failed once so): the kill waits until the watch holds its pidfd
+	// on the server, so that what is timed is the watch, not Incus.
+	awaitPidfd(t, first.PID, watched)
 	ids, err := (proc.FS{}).NSpid(first.PID)
 	if err != nil || len(ids) != 2 {
 		t.Fatalf("NSpid(%d) = %v, %v", first.PID, ids, err)
@@ -58,5 +62,32 @@ func TestWatchNoticesAServerDyingInAContainer(t *testing.T) {
 	}
 	if second := h.record(); second.Generation != first.Generation+1 {
 		t.Errorf("generation %d after the relaunch, want %d", second.Generation, first.Generation+1)
+	}
+}
+
+// awaitPidfd waits (at most a minute) until this process holds a pidfd on pid: the
+// watch (running, its result on watched) is then past its setup, waiting for the exit.
+func awaitPidfd(t *testing.T, pid int, watched <-chan error) {
+	t.Helper()
+	want := fmt.Sprintf("\nPid:\t%d\n", pid)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		fds, _ := filepath.Glob("/proc/self/fd/*")
+		for _, fd := range fds {
+			if target, _ := os.Readlink(fd); target != "anon_inode:[pidfd]" {
+				continue
+			}
+			if info, _ := os.ReadFile("/proc/self/fdinfo/" + filepath.Base(fd)); strings.Contains(string(info), want) {
+				return
+			}
+		}
+		select {
+		case err := <-watched:
+			t.Fatalf("the watch returned while the server runs: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch holds no pidfd on the server (pid %d) after a minute", pid)
+		}
 	}
 }
