@@ -5,9 +5,10 @@
 package packaging
 
 import (
-	"os"
 	"os/exec"
 	"testing"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // promtoolHint installs promtool (Debian's prometheus package).
@@ -17,10 +18,7 @@ func promtool(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("promtool")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("promtool not found; CI=true, so this is a failure, not a skip. Install with: %s", promtoolHint)
-		}
-		t.Skipf("promtool not found; install with: %s", promtoolHint)
+		testbin.Missing(t, "promtool not found", "install with: "+promtoolHint)
 	}
 	return p
 }

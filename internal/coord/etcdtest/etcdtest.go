@@ -36,10 +36,7 @@ func Binary(tb testing.TB) string {
 	tb.Helper()
 	p, err := exec.LookPath("etcd")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("etcdtest: no etcd on PATH; CI=true, so this is a failure, not a skip. Install with: %s", InstallHint)
-		}
-		tb.Skipf("etcdtest: no etcd on PATH (install with: %s)", InstallHint)
+		testbin.Missing(tb, "etcdtest: no etcd on PATH", "install with: "+InstallHint)
 	}
 	return p
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // ImageAlias is the alias of the busybox image every daemon has.
@@ -120,11 +121,7 @@ func (s *Shared) Run(m *testing.M) int {
 
 func skipOrFail(t testing.TB, reason string) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("incustest: %s; CI=true, so this is a failure, not a skip. Install with: %s", reason, InstallHint)
-		return
-	}
-	t.Skipf("incustest: %s; install with: %s", reason, InstallHint)
+	testbin.Missing(t, "incustest: "+reason, "install with: "+InstallHint)
 }
 
 // findIncusd locates the daemon binary; Debian installs it outside PATH.

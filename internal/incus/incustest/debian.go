@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 // DebianAlias is the alias of the Debian image (DebianImage).
@@ -58,10 +60,7 @@ func (d *Daemon) DebianImage(t testing.TB) string {
 	t.Helper()
 	d.debianOnce.Do(func() { d.debianSkip, d.debianErr = d.importDebian(t.Logf) })
 	if d.debianSkip != "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("incustest: %s; CI=true, so this is a failure, not a skip. Install with: %s", d.debianSkip, DebianInstallHint)
-		}
-		t.Skipf("incustest: %s; install with: %s", d.debianSkip, DebianInstallHint)
+		testbin.Missing(t, "incustest: "+d.debianSkip, "install with: "+DebianInstallHint)
 	}
 	if d.debianErr != nil {
 		t.Fatalf("incustest: Debian image: %v", d.debianErr)

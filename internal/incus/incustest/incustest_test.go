@@ -14,15 +14,13 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/internal/incus"
+	"github.com/agent-dev/agent/internal/testbin"
 )
 
 func TestBusyboxImage(t *testing.T) {
 	bb, err := findBusybox()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no static busybox (scripts/install-incus.sh installs busybox-static): %v", err)
-		}
-		t.Skipf("no static busybox here: %v", err)
+		testbin.Missing(t, "no static busybox: "+err.Error(), "scripts/install-incus.sh installs busybox-static")
 	}
 	img, err := busyboxImage(bb)
 	if err != nil {
