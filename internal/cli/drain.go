@@ -66,12 +66,8 @@ func (inv *invocation) drain(ctx context.Context, store *state.Store) int {
 		// this command's advice), it stops the host group fleet-wide (agent status
 		// --fleet names it) until this host is undrained or its drain, retried, stops
 		// them all.
-		ferr := inv.gate.Failed(ctx, coord.StepStop, fmt.Errorf("not every server stopped: %w", err))
-		err = fmt.Errorf("drained, but not every server stopped: %w; run agent drain again, or agent drain --undo", err)
-		if ferr != nil {
-			err = fmt.Errorf("%w (and the failure is not recorded in its host permit: %v)", err, ferr)
-		}
-		return inv.fail(err)
+		return inv.fail(inv.recordFailed(ctx, coord.StepStop, fmt.Errorf("not every server stopped: %w", err),
+			fmt.Errorf("drained, but not every server stopped: %w; run agent drain again, or agent drain --undo", err)))
 	}
 	if c != nil {
 		if err := c.UpdateHost(ctx, rec.Group, func(hp *coord.HostPermit) {
@@ -89,6 +85,16 @@ func (inv *invocation) drain(ctx context.Context, store *state.Store) int {
 	}
 	fmt.Fprintln(inv.stdout, " agent drain --undo relaunches them.")
 	return ExitOK
+}
+
+// recordFailed records step's failure (cause) in the host permit this drain took, as
+// the driver's steps do (nothing without one), and returns err, what the command says,
+// with why the record failed if it did.
+func (inv *invocation) recordFailed(ctx context.Context, step string, cause, err error) error {
+	if ferr := inv.gate.Failed(ctx, step, cause); ferr != nil {
+		return fmt.Errorf("%w (and the failure is not recorded in its host permit: %v)", err, ferr)
+	}
+	return err
 }
 
 // takeDrainPermit connects to the fleet under a lease of its own (a host permit is not
@@ -171,9 +177,7 @@ func (inv *invocation) undrain(ctx context.Context, store *state.Store) int {
 		// change's reboot: recorded in the permit, it stops the host group.
 		var vf *fleet.VerifyFailure
 		if verr := fleet.Judge(rep, inv.red, nil); errors.As(verr, &vf) {
-			if ferr := inv.gate.Failed(ctx, coord.StepVerify, vf.Err); ferr != nil {
-				err = fmt.Errorf("%w (and the failure is not recorded in its host permit: %v)", err, ferr)
-			}
+			err = inv.recordFailed(ctx, coord.StepVerify, vf.Err, err)
 		}
 		return inv.fail(err)
 	}

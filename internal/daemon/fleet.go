@@ -111,7 +111,7 @@ func (d *Daemon) wakeOnFleet(ctx context.Context, r *agent.Rollouts) {
 		}
 		d.mu.Lock()
 		for addr, rs := range d.res {
-			if rs.step != nil && waits(rs.step.Err) {
+			if rs.step != nil && fleet.Waits(rs.step.Err) {
 				d.queue.Add(addr)
 			}
 		}

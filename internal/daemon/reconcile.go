@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/agent-dev/agent/agent"
-	"github.com/agent-dev/agent/internal/coord"
-	"github.com/agent-dev/agent/internal/drain"
+	"github.com/agent-dev/agent/internal/fleet"
 	"github.com/agent-dev/agent/internal/state"
 )
 
@@ -57,15 +56,7 @@ func (e *WaitingError) Error() string {
 func held(err error) bool {
 	var w *WaitingError
 	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrStopping) || errors.Is(err, ErrTerminalHold) || errors.As(err, &w) ||
-		waits(err)
-}
-
-// waits reports whether err is a "not now" that starts no backoff: the rollout group is
-// at max_unavailable, the host is drained, or the host group's permits are held
-// elsewhere (a driver upgrade waits for the host before it).
-func waits(err error) bool {
-	var hr *coord.HostRefusal
-	return agent.IsRolloutWait(err) || errors.Is(err, drain.ErrDrained) || errors.As(err, &hr)
+		fleet.Waits(err)
 }
 
 // heldChange is, for an orphan addr waiting for a planned resource whose current record
@@ -365,7 +356,7 @@ func (d *Daemon) settle(eng *agent.Engine, gen int, addr string, rs *resState, s
 		d.mu.Unlock()
 		return
 	}
-	if waits(st.Err) {
+	if fleet.Waits(st.Err) {
 		// Its group is at max_unavailable (or the host is drained: agent drain, or the
 		// host group's permits are held by other hosts, named in the error):
 		// nothing was tried, so nothing failed and no backoff starts. It is queued

@@ -90,12 +90,17 @@ func Judge(rep *agent.Report, red *view.Redactor, quote func(error) (text string
 		return errors.New("the plan has not been observed yet")
 	}
 	var bad, failures []string
+	fail := func(q string) {
+		if q = red.String(q); !slices.Contains(failures, q) {
+			failures = append(failures, q)
+		}
+	}
 	for _, st := range rep.Steps {
 		if st.Err == nil && st.Status != nil && st.Status.Healthy {
 			continue
 		}
 		var text string
-		wait := st.Err != nil && waits(st.Err)
+		wait := st.Err != nil && Waits(st.Err)
 		if st.Err != nil && !wait && quote != nil {
 			text, wait = quote(st.Err)
 		}
@@ -107,13 +112,9 @@ func Judge(rep *agent.Report, red *view.Redactor, quote func(error) (text string
 			if !strings.HasPrefix(text, st.Addr) {
 				text = st.Addr + ": " + text
 			}
-			if q := red.String(text); !slices.Contains(failures, q) {
-				failures = append(failures, q)
-			}
+			fail(text)
 		case st.Err == nil && st.Diff != nil && st.Diff.Action == agent.NoOp && len(st.Diff.Warnings) > 0 && st.Status != nil:
-			if q := red.String(st.Addr + ": " + st.Status.Summary); !slices.Contains(failures, q) {
-				failures = append(failures, q)
-			}
+			fail(st.Addr + ": " + st.Status.Summary)
 		case st.Err != nil:
 			bad = append(bad, red.String(fmt.Sprintf("%s: %v", st.Addr, st.Err)))
 		default:
@@ -129,9 +130,11 @@ func Judge(rep *agent.Report, red *view.Redactor, quote func(error) (text string
 	return nil
 }
 
-// waits reports whether err is a "not now" of any caller: the rollout group is at
-// max_unavailable, the host is drained, or the host group's permits are held elsewhere.
-func waits(err error) bool {
+// Waits reports whether err is a "not now" that is no failure, for any caller (Judge,
+// agent run's loop, which starts no backoff for it): the rollout group is at
+// max_unavailable, the host is drained, or the host group's permits are held elsewhere
+// (a driver upgrade waits for the host before it).
+func Waits(err error) bool {
 	var hr *coord.HostRefusal
 	return agent.IsRolloutWait(err) || errors.Is(err, drain.ErrDrained) || errors.As(err, &hr)
 }
