@@ -68,6 +68,7 @@ func (h *harness) hostPermits() []string {
 // with the holder named, and agent drain --undo relaunches it and releases the permit.
 func TestDrainHoldsTheHostPermit(t *testing.T) {
 	h := newHarness(t, 1, 2, 2*time.Second, "1s")
+	h.hostNamespaces() // each host a machine of its own (nshost_test.go)
 	h.deploy("0.80")
 	h1, h2 := h.hosts[0], h.hosts[1]
 
@@ -124,6 +125,7 @@ func TestDrainHoldsTheHostPermit(t *testing.T) {
 // holder released its permit.
 func TestDrainUndoRefusedWhileTheGroupIsFull(t *testing.T) {
 	h := newHarness(t, 1, 2, 2*time.Second, "1s")
+	h.hostNamespaces() // each host a machine of its own (nshost_test.go)
 	h.deploy("0.80")
 	h1, h2 := h.hosts[0], h.hosts[1]
 	if code, out := h.agentCmd(h1, "drain", "--reason", "replace GPU 3"); code != 0 || h1.serves() {
@@ -239,6 +241,7 @@ func (h *harness) hostFailure(x *host) string {
 // verification; once the cause is gone, the undo relaunches and releases the permit.
 func TestDrainWhoseStopFailsStopsTheHostGroup(t *testing.T) {
 	h := newHarness(t, 1, 2, 2*time.Second, "1s")
+	h.hostNamespaces() // each host a machine of its own (nshost_test.go)
 	h.writePlan("0.80")
 	h1, h2 := h.hosts[0], h.hosts[1]
 	for _, x := range h.hosts {

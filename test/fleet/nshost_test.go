@@ -11,10 +11,10 @@ import (
 	"github.com/agent-dev/agent/internal/testbin"
 )
 
-// The hosts of an upgrade (newUpgrade) are separate machines to their agents: each agent,
-// and all it launches, runs in its own UTS and mount namespaces. Its hostname is the
-// host's name, which the plan does not repeat (coordination's name defaults to it), and
-// its own directory (host root, state directory, the reboot hook's marks) is mounted on
+// The hosts of an upgrade (newUpgrade) and of the drain tests are separate machines to
+// their agents: each agent, and all it launches, runs in its own UTS and mount
+// namespaces. Its hostname is the host's name (the upgrade's plan does not repeat it:
+// coordination's name defaults to it), and its own directory (host root, state directory, the reboot hook's marks) is mounted on
 // one shared path: every agent is given the same AGENT_HOST_ROOT and --state-dir, and
 // each sees its own host there, as the same paths on three machines would be.
 //
